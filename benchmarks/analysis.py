@@ -1,0 +1,87 @@
+"""Measurements on received media: frame rate, intervals, lip-sync offset by cross-correlation.
+
+Received frames are placed on one timeline per stream from their RTP timestamps, anchored at the
+median of (arrival - RTP time): that is the sender's timeline as the network delivered it, with
+per-packet jitter removed. Lip-sync is measured as STACK.md §10 describes: per-frame mouth
+*motion* against the *change* of the audio envelope (both rates of change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+VIDEO_CLOCK = 90_000
+
+
+def stream_times(arrivals: Sequence[float], rtp: Sequence[int], clock_rate: int) -> np.ndarray:
+    """Arrival-anchored media times (s) of frames, from their RTP timestamps (wrap-safe)."""
+    ts = np.asarray(rtp, dtype=np.int64)
+    unwrapped = np.concatenate([[0], np.cumsum(((np.diff(ts) + 2**31) % 2**32) - 2**31)])
+    media = unwrapped / clock_rate
+    offset = float(np.median(np.asarray(arrivals) - media))
+    return media + offset
+
+
+def mouth_motion(images: Sequence[np.ndarray], box: tuple[int, int, int, int]) -> np.ndarray:
+    """Mean absolute difference of the mouth box between consecutive frames (first is 0)."""
+    x, y, w, h = box
+    crops = [img[y : y + h, x : x + w].astype(np.float32).mean(axis=2) for img in images]
+    motion = [0.0] + [float(np.abs(b - a).mean()) for a, b in zip(crops, crops[1:], strict=False)]
+    return np.asarray(motion)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    offset_ms: float
+    """Best lag: positive when video comes after the audio it shows."""
+    correlation: float
+    """Pearson correlation at the best lag."""
+
+
+def av_offset(
+    video_times: np.ndarray,
+    motion: np.ndarray,
+    audio_times: np.ndarray,
+    audio_pcm: np.ndarray,
+    *,
+    sample_rate: int = 48_000,
+    frame_s: float = 0.040,
+    max_lag_ms: int = 200,
+    step_ms: int = 5,
+) -> SyncResult:
+    """Cross-correlate mouth motion with the envelope change at lags of ±max_lag_ms.
+
+    ``audio_times`` holds the time of the first sample of each equal-length block of
+    ``audio_pcm`` (one block per received audio frame).
+    """
+    block = len(audio_pcm) // len(audio_times)
+    sample_times = np.repeat(audio_times, block) + np.tile(
+        np.arange(block) / sample_rate, len(audio_times)
+    )
+    power = np.cumsum(np.concatenate([[0.0], audio_pcm.astype(np.float64) ** 2]))
+
+    def envelope(starts: np.ndarray) -> np.ndarray:
+        lo = np.searchsorted(sample_times, starts)
+        hi = np.searchsorted(sample_times, starts + frame_s)
+        n = np.maximum(hi - lo, 1)
+        rms: np.ndarray = np.sqrt((power[hi] - power[lo]) / n)
+        return rms
+
+    best = SyncResult(0.0, -1.0)
+    for lag_ms in range(-max_lag_ms, max_lag_ms + 1, step_ms):
+        # Video frame i shows the audio that played lag earlier: audio window at t_i - lag.
+        env = envelope(video_times - lag_ms / 1000)
+        change = np.abs(np.diff(env, prepend=env[0]))
+        if change.std() == 0 or motion.std() == 0:
+            continue
+        corr = float(np.corrcoef(motion, change)[0, 1])
+        if corr > best.correlation:
+            best = SyncResult(float(lag_ms), corr)
+    return best
+
+
+def frame_intervals_ms(times: Sequence[float]) -> np.ndarray:
+    return np.diff(np.asarray(times)) * 1000

@@ -1,0 +1,5 @@
+import sys
+
+from rtc_server.cli import main
+
+sys.exit(main())

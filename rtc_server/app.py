@@ -1,0 +1,208 @@
+"""The aiohttp application: routes, start-up loading, the session registry, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+
+from aiohttp import web
+from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from musetalk_core.types import LipSyncEngine
+from rtc_server.config import ServerConfig
+from rtc_server.engines import EngineFactory, load_engine_factory
+from rtc_server.ice import restrict_host_addresses, rtc_configuration
+from rtc_server.media.h264 import TunedH264Encoder, use_tuned_encoder
+from rtc_server.metrics import Metrics
+from rtc_server.providers.base import TTS
+from rtc_server.providers.piper_tts import PiperTTS
+from rtc_server.session import AvatarSession
+from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
+from signaling.http import add_routes
+from signaling.messages import Answer, Offer, SayRequest
+
+logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(str(resources.files("rtc_server") / "static"))
+
+
+class SessionManager:
+    """Creates, finds and tears down calls; implements signaling's SessionFactory."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        metrics: Metrics,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.executor = executor
+        self.sessions: dict[str, AvatarSession] = {}
+        self.engine_factory: EngineFactory | None = None
+        self.tts: TTS | None = None
+        self._pending = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.engine_factory is not None and self.tts is not None
+
+    async def load(self, engine_loader: Callable[[], EngineFactory]) -> None:
+        loop = asyncio.get_running_loop()
+        self.tts = await loop.run_in_executor(self.executor, PiperTTS.load, self.executor)
+        self.engine_factory = await loop.run_in_executor(self.executor, engine_loader)
+        logger.info("ready: engine %s, TTS piper", self.engine_factory.name)
+
+    async def create_session(self, offer: Offer) -> Answer:
+        if self.engine_factory is None or self.tts is None:
+            raise SignalingError(
+                503, "not_ready", "models are still loading", headers={"Retry-After": "2"}
+            )
+        if offer.avatar is not None:
+            raise SignalingError(
+                400, "unknown_avatar", "this server has one avatar; leave 'avatar' out"
+            )
+        if len(self.sessions) + self._pending >= self.config.max_sessions:
+            raise SignalingError(
+                503,
+                "at_capacity",
+                f"the server is at its limit of {self.config.max_sessions} calls",
+                headers={"Retry-After": "5"},
+            )
+        self._pending += 1
+        try:
+            return await self._answer(offer, self.engine_factory.create())
+        finally:
+            self._pending -= 1
+
+    async def _answer(self, offer: Offer, engine: LipSyncEngine) -> Answer:
+        pc = RTCPeerConnection(rtc_configuration(self.config.ice_servers))
+        session = AvatarSession(
+            pc,
+            engine,
+            self._tts(),
+            metrics=self.metrics,
+            executor=self.executor,
+            on_closed=self._forget,
+            connect_timeout_s=self.config.connect_timeout_s,
+        )
+        try:
+            # The video transceiver must exist before the offer is applied, or aiortc keeps the
+            # browser's codec order (VP8 first): prefer H.264, VP8 only when H.264 is missing.
+            video = pc.addTransceiver(session.video_track, direction="sendonly")
+            codecs = RTCRtpSender.getCapabilities("video").codecs
+            wanted = "video/H264" if "video/H264" in offer.video_codecs else "video/VP8"
+            video.setCodecPreferences(
+                [c for c in codecs if c.mimeType == wanted]
+                + [c for c in codecs if c.mimeType == "video/rtx"]
+            )
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
+            pc.addTrack(session.audio_track)
+            negotiated = video._codecs[0].mimeType if video._codecs else None
+            if negotiated == "video/H264":
+                use_tuned_encoder(
+                    video.sender,
+                    TunedH264Encoder(on_encode=self.metrics.encode_seconds.observe),
+                )
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as exc:
+            await session.aclose()
+            if isinstance(exc, SignalingError):
+                raise
+            raise SignalingError(400, "bad_sdp", f"the offer could not be answered: {exc}") from exc
+        self.sessions[session.id] = session
+        self.metrics.sessions.set(len(self.sessions))
+        self.metrics.sessions_created.inc()
+        session.start()
+        logger.info("session %s answered (%s)", session.id[:8], negotiated)
+        return Answer(sdp=pc.localDescription.sdp, session_id=session.id)
+
+    def _tts(self) -> TTS:
+        assert self.tts is not None
+        return self.tts
+
+    async def _forget(self, session: AvatarSession) -> None:
+        if self.sessions.pop(session.id, None) is not None:
+            self.metrics.sessions.set(len(self.sessions))
+
+    def say(self, session_id: str, request: SayRequest) -> str:
+        return self.sessions[session_id].say(request.text, interrupt=request.interrupt)
+
+    async def close_session(self, session_id: str) -> bool:
+        session = self.sessions.get(session_id)
+        if session is None:
+            return False
+        await session.aclose()
+        return True
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(s.aclose() for s in list(self.sessions.values())))
+
+
+MANAGER = web.AppKey("manager", SessionManager)
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def create_app(
+    config: ServerConfig,
+    *,
+    engine_loader: Callable[[], EngineFactory] | None = None,
+) -> web.Application:
+    """Build the application; models load in the background and /readyz says when they are in."""
+    restrict_host_addresses(config.ice_addresses)
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    metrics = Metrics()
+    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="avatar-rtc")
+    manager = SessionManager(config, metrics, executor)
+    app[METRICS] = metrics
+    app[MANAGER] = manager
+    loader = engine_loader or (lambda: load_engine_factory(config))
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        loading = asyncio.ensure_future(manager.load(loader))
+        app[LOADING] = loading
+        yield
+        loading.cancel()
+        try:
+            await loading
+        except (asyncio.CancelledError, Exception):
+            pass
+        await manager.close_all()
+        executor.shutdown(wait=True, cancel_futures=True)
+
+    app.cleanup_ctx.append(lifecycle)
+    add_routes(app, manager)
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html")
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        loading = app[LOADING]
+        if loading.done() and not loading.cancelled() and loading.exception() is not None:
+            raise SignalingError(503, "load_failed", f"model loading failed: {loading.exception()}")
+        if not manager.ready:
+            raise SignalingError(503, "not_ready", "models are still loading")
+        return web.json_response({"status": "ready", "sessions": len(manager.sessions)})
+
+    async def metrics_route(request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app.router.add_get("/", index)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_route)
+    app.router.add_static("/static/", STATIC_DIR)
+    return app
+
+
+LOADING = web.AppKey("loading", asyncio.Task)

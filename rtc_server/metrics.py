@@ -1,0 +1,37 @@
+"""Prometheus metrics, one registry per application (tests build many apps in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.sessions = Gauge(
+            "avatar_rtc_sessions", "Calls currently open.", registry=self.registry
+        )
+        self.sessions_created = Counter(
+            "avatar_rtc_sessions_created", "Calls answered since start.", registry=self.registry
+        )
+        self.video_frames = Counter(
+            "avatar_rtc_video_frames_sent",
+            "Video frames handed to the encoder.",
+            registry=self.registry,
+        )
+        self.video_frames_late = Counter(
+            "avatar_rtc_video_frames_late",
+            "Frame instants the media path missed: 'filler' when the engine had no frame ready, "
+            "'dropped' when the video track fell behind the clock.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.encode_seconds = Histogram(
+            "avatar_rtc_video_encode_cpu_seconds",
+            "CPU time of one H.264 frame encode.",
+            buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.04, 0.08),
+            registry=self.registry,
+        )
+        self.utterances = Counter(
+            "avatar_rtc_utterances", "Say requests accepted.", registry=self.registry
+        )

@@ -1,0 +1,89 @@
+"""The one JSON error shape of the HTTP API: ``{"error": {"code": ..., "message": ...}}``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+class SignalingError(Exception):
+    """A request the API refuses; becomes a JSON error response with ``status``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def error_response(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    body = json.dumps({"error": {"code": code, "message": message}})
+    return web.Response(status=status, text=body, content_type="application/json", headers=headers)
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    429: "too_many_requests",
+    503: "unavailable",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure of every route leaves as the JSON error shape; none takes the server down."""
+    try:
+        return await handler(request)
+    except SignalingError as exc:
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = _HTTP_CODES.get(exc.status, "http_error")
+        message = exc.reason
+        if exc.status == 413:
+            message = f"request body is larger than {MAX_BODY_BYTES} bytes"
+        return error_response(exc.status, code, message)
+    except Exception:
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal", "internal server error")
+
+
+async def read_json_object(request: web.Request) -> dict[str, object]:
+    """The request body as a JSON object, or a 400/413 SignalingError."""
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise SignalingError(413, "body_too_large", f"body is over {MAX_BODY_BYTES} bytes")
+    raw = await request.read()
+    if len(raw) > MAX_BODY_BYTES:
+        raise SignalingError(413, "body_too_large", f"body is over {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SignalingError(400, "bad_json", f"body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise SignalingError(400, "bad_json", "body must be a JSON object")
+    return body

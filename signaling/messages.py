@@ -1,0 +1,107 @@
+"""Parsing and validation of what clients send: HTTP bodies and ``events`` channel messages."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from aiortc.sdp import SessionDescription
+
+from signaling.errors import SignalingError
+
+MAX_TEXT_CHARS = 4000
+"""Longest text accepted for a say or a typed turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    sdp: str
+    avatar: str | None
+    has_audio: bool
+    has_video: bool
+    video_codecs: tuple[str, ...]
+    """mimeTypes the offer's video m-line accepts, e.g. ("video/VP8", "video/H264")."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    sdp: str
+    session_id: str
+
+
+def parse_offer(body: dict[str, object]) -> Offer:
+    sdp = body.get("sdp")
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise SignalingError(400, "bad_offer", "'sdp' must be a non-empty string")
+    if body.get("type") != "offer":
+        raise SignalingError(400, "bad_offer", "'type' must be \"offer\"")
+    avatar = body.get("avatar")
+    if avatar is not None and not isinstance(avatar, str):
+        raise SignalingError(400, "bad_offer", "'avatar' must be a string")
+    try:
+        parsed = SessionDescription.parse(sdp)
+    except Exception as exc:  # aiortc's parser raises whatever the bad line provokes
+        raise SignalingError(400, "bad_sdp", f"the SDP offer could not be parsed: {exc}") from exc
+    kinds = [m.kind for m in parsed.media]
+    if "audio" not in kinds:
+        raise SignalingError(400, "no_audio", "the offer has no audio m-line")
+    if "video" not in kinds:
+        raise SignalingError(400, "no_video", "the offer has no video m-line to receive the avatar")
+    video = next(m for m in parsed.media if m.kind == "video")
+    codecs = tuple(dict.fromkeys(c.mimeType for c in video.rtp.codecs))
+    return Offer(
+        sdp=sdp,
+        avatar=avatar,
+        has_audio=True,
+        has_video=True,
+        video_codecs=codecs,
+    )
+
+
+def parse_text(body: dict[str, object], field: str = "text") -> str:
+    text = body.get(field)
+    if not isinstance(text, str) or not text.strip():
+        raise SignalingError(400, "bad_text", f"'{field}' must be a non-empty string")
+    if len(text) > MAX_TEXT_CHARS:
+        raise SignalingError(413, "text_too_long", f"'{field}' is over {MAX_TEXT_CHARS} characters")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class SayRequest:
+    text: str
+    interrupt: bool
+
+
+def parse_say(body: dict[str, object]) -> SayRequest:
+    text = parse_text(body)
+    interrupt = body.get("interrupt", False)
+    if not isinstance(interrupt, bool):
+        raise SignalingError(400, "bad_interrupt", "'interrupt' must be true or false")
+    return SayRequest(text, interrupt)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientEvent:
+    """A message from the ``events`` data channel: type is "say", "text" or "interrupt"."""
+
+    type: str
+    text: str = ""
+
+
+def parse_client_event(message: str | bytes) -> ClientEvent:
+    """Validate one data-channel message; SignalingError's code becomes the error event's code."""
+    if isinstance(message, bytes):
+        raise SignalingError(400, "bad_message", "messages must be JSON text, not binary")
+    try:
+        body = json.loads(message)
+    except json.JSONDecodeError as exc:
+        raise SignalingError(400, "bad_message", f"message is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise SignalingError(400, "bad_message", "message must be a JSON object")
+    kind = body.get("type")
+    if kind == "interrupt":
+        return ClientEvent("interrupt")
+    if kind in ("say", "text"):
+        return ClientEvent(str(kind), parse_text(body))
+    raise SignalingError(400, "unknown_type", f"unknown message type: {kind!r}")

@@ -1,0 +1,64 @@
+"""Shared fixtures: a live in-process server on 127.0.0.1 and the prepared avatar."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from rtc_server.app import MANAGER, SessionManager, create_app
+from rtc_server.config import ServerConfig
+from rtc_server.engines import EngineFactory, load_engine_factory
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def engine_factory(cache_dir: Path) -> EngineFactory:
+    return load_engine_factory(ServerConfig(cache_dir=cache_dir))
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: web.Application
+
+    @property
+    def manager(self) -> SessionManager:
+        return self.app[MANAGER]
+
+
+async def start_server(
+    engine_factory: EngineFactory, cache_dir: Path, **config: object
+) -> tuple[LiveServer, web.AppRunner]:
+    cfg = ServerConfig(cache_dir=cache_dir, ice_addresses=("127.0.0.1",), port=8080, **config)  # type: ignore[arg-type]
+    app = create_app(cfg, engine_loader=lambda: engine_factory)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    server = LiveServer(f"http://127.0.0.1:{port}", app)
+    for _ in range(200):
+        if server.manager.ready:
+            break
+        await asyncio.sleep(0.05)
+    assert server.manager.ready, "server did not load its models"
+    return server, runner
+
+
+@pytest.fixture
+async def live_server(engine_factory: EngineFactory, cache_dir: Path) -> AsyncIterator[LiveServer]:
+    """The whole server on an ephemeral 127.0.0.1 port, ICE restricted to 127.0.0.1."""
+    server, runner = await start_server(engine_factory, cache_dir)
+    try:
+        yield server
+    finally:
+        await runner.cleanup()

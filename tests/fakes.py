@@ -1,0 +1,69 @@
+"""Real fakes (no mocks): a deterministic lip-sync engine for media-path tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from musetalk_core.types import AudioChunk, AvatarFrame
+
+
+class CountingEngine:
+    """Frames whose pixel value is the frame count; audio passed through in 1/fps slices."""
+
+    def __init__(self, *, fps: int = 25, sample_rate: int = 48_000, size: int = 16) -> None:
+        self._fps = fps
+        self._rate = sample_rate
+        self._size = size
+        self._queue: list[tuple[np.ndarray, int]] = []
+        self._count = 0
+        self.closed = False
+        self.fail_after: int | None = None
+
+    @property
+    def fps(self) -> int:
+        return self._fps
+
+    @property
+    def sample_rate(self) -> int:
+        return self._rate
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return (self._size, self._size)
+
+    @property
+    def latency(self) -> float:
+        return 1 / self._fps
+
+    async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
+        n = self._rate // self._fps
+        pcm = chunk.pcm
+        for i in range(0, len(pcm), n):
+            piece = pcm[i : i + n]
+            self._queue.append((np.pad(piece, (0, n - len(piece))), segment_id))
+
+    async def end_segment(self, segment_id: int) -> None:
+        pass
+
+    def clear(self) -> None:
+        self._queue.clear()
+
+    async def frames(self) -> AsyncIterator[AvatarFrame]:
+        n = self._rate // self._fps
+        while not self.closed:
+            await asyncio.sleep(0)
+            if self.fail_after is not None and self._count >= self.fail_after:
+                raise RuntimeError("engine blew up")
+            image = np.full((self._size, self._size, 3), self._count % 256, np.uint8)
+            self._count += 1
+            if self._queue:
+                pcm, segment = self._queue.pop(0)
+                yield AvatarFrame(image, AudioChunk(pcm, self._rate), True, segment)
+            else:
+                yield AvatarFrame(image, AudioChunk(np.zeros(n, np.int16), self._rate), False, -1)
+
+    async def aclose(self) -> None:
+        self.closed = True

@@ -1,0 +1,168 @@
+"""An in-process aiortc caller for tests: connects to a live server, records what arrives.
+
+Frames are timed by the arrival of their first RTP packet, not by when aiortc's receiver hands
+them over (its jitter buffers hold audio and video for different times, STACK.md §10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
+from aiortc.rtcconfiguration import RTCConfiguration
+
+
+async def make_offer(*, audio: bool = True, video: bool = True) -> str:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        if audio:
+            pc.addTransceiver("audio", direction="recvonly")
+        if video:
+            pc.addTransceiver("video", direction="recvonly")
+        pc.createDataChannel("events")
+        await pc.setLocalDescription(await pc.createOffer())
+        return str(pc.localDescription.sdp)
+    finally:
+        await pc.close()
+
+
+@dataclass
+class Received:
+    video: list[tuple[float, int, np.ndarray]] = field(default_factory=list)
+    """(arrival s, RTP timestamp, RGB image) per decoded frame."""
+    audio: list[tuple[float, int, np.ndarray]] = field(default_factory=list)
+    """(arrival s, RTP timestamp, mono int16 at 48 kHz) per decoded 20 ms frame."""
+
+
+class CallClient:
+    """A caller: offers audio (sendrecv) + video (recvonly) + the ``events`` data channel."""
+
+    def __init__(self, url: str, *, microphone: MediaStreamTrack | None = None) -> None:
+        self.url = url
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.microphone = microphone or AudioStreamTrack()
+        self.session_id = ""
+        self.events: list[dict[str, Any]] = []
+        self.received = Received()
+        self.record = True
+        self._arrivals: dict[tuple[str, int], float] = {}
+        self._origins: dict[str, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._event_signal = asyncio.Event()
+        self._cursor = 0
+        self.channel = self.pc.createDataChannel("events")
+        self.channel.on("message", self._on_message)
+        self.pc.on("track", self._on_track)
+
+    def _on_message(self, message: str | bytes) -> None:
+        self.events.append(json.loads(message))
+        self._event_signal.set()
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        self._tasks.append(asyncio.ensure_future(self._consume(track)))
+
+    async def _consume(self, track: MediaStreamTrack) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                # aiortc rebases decoded pts to the first RTP timestamp it saw (TimestampMapper).
+                origin = self._origins.get(track.kind, 0)
+                rtp = (origin + int(frame.pts)) & 0xFFFFFFFF
+                arrival = self._arrivals.get((track.kind, rtp))
+                if arrival is None:
+                    raise AssertionError(f"{track.kind} frame with no packet: pts {frame.pts}")
+                if not self.record:
+                    continue
+                if track.kind == "video":
+                    image = frame.to_ndarray(format="rgb24")
+                    self.received.video.append((arrival, int(frame.pts), image))
+                else:
+                    pcm = frame.to_ndarray()
+                    # Opus decodes to interleaved stereo s16; keep one channel.
+                    mono = pcm.reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
+                    self.received.audio.append((arrival, int(frame.pts), mono))
+
+    def _watch_arrivals(self) -> None:
+        for transceiver in self.pc.getTransceivers():
+            receiver = transceiver.receiver
+            receiver._handle_rtp_packet = self._timed(transceiver.kind, receiver._handle_rtp_packet)
+
+    def _timed(self, kind: str, handler: Any) -> Any:
+        async def handle(packet: Any, arrival_time_ms: int) -> None:
+            self._origins.setdefault(kind, packet.timestamp)
+            self._arrivals.setdefault((kind, packet.timestamp), time.monotonic())
+            await handler(packet, arrival_time_ms)
+
+        return handle
+
+    async def connect(self) -> str:
+        self.pc.addTransceiver(self.microphone, direction="sendrecv")
+        self.pc.addTransceiver("video", direction="recvonly")
+        self._watch_arrivals()
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        body = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(self.url + "/offer", json=body) as resp:
+                answer = await resp.json()
+                assert resp.status == 200, answer
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+        self.session_id = answer["session_id"]
+        return self.session_id
+
+    def video_codec(self) -> str | None:
+        for t in self.pc.getTransceivers():
+            if t.kind == "video" and t._codecs:
+                return str(t._codecs[0].mimeType)
+        return None
+
+    async def say(self, text: str, *, interrupt: bool = False) -> str:
+        async with aiohttp.ClientSession() as http:
+            url = f"{self.url}/sessions/{self.session_id}/say"
+            async with http.post(url, json={"text": text, "interrupt": interrupt}) as resp:
+                body = await resp.json()
+                assert resp.status == 202, body
+                return str(body["utterance_id"])
+
+    async def wait_event(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10.0
+    ) -> dict[str, Any]:
+        """The next event after the last one matched that satisfies ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for index in range(self._cursor, len(self.events)):
+                if predicate(self.events[index]):
+                    self._cursor = index + 1
+                    return self.events[index]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no matching event; got {self.events}")
+            self._event_signal.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event_signal.wait(), remaining)
+
+    async def wait_state(self, state: str, timeout: float = 10.0) -> None:
+        await self.wait_event(lambda e: e == {"type": "state", "state": state}, timeout)
+
+    async def wait_channel_open(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.channel.readyState != "open":
+            if time.monotonic() > deadline:
+                raise TimeoutError("events channel did not open")
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        await self.pc.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

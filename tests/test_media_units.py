@@ -1,0 +1,128 @@
+"""Resampling, ICE configuration and the tuned H.264 encoder."""
+
+from __future__ import annotations
+
+import fractions
+
+import aioice.ice
+import av
+import numpy as np
+import pytest
+from aiortc import RTCPeerConnection, RTCRtpSender
+from aiortc.codecs.h264 import H264Encoder
+
+from rtc_server.ice import parse_ice_server, restrict_host_addresses, rtc_configuration
+from rtc_server.media.h264 import TunedH264Encoder, X264Settings, use_tuned_encoder
+from rtc_server.media.resample import resample_int16
+
+
+@pytest.mark.parametrize(("src", "dst"), [(22_050, 48_000), (48_000, 16_000), (22_050, 16_000)])
+def test_resample_keeps_duration_and_pitch(src: int, dst: int) -> None:
+    seconds = 1.5
+    t = np.arange(int(src * seconds)) / src
+    tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    out = resample_int16(tone, src, dst)
+    assert out.dtype == np.int16
+    assert abs(len(out) - dst * seconds) <= 1
+    spectrum = np.abs(np.fft.rfft(out.astype(np.float32)))
+    peak_hz = np.argmax(spectrum) * dst / len(out)
+    assert abs(peak_hz - 440) < 2
+
+
+def test_ice_server_urls() -> None:
+    stun = parse_ice_server("stun:stun.example.org:3478")
+    assert stun.urls == "stun:stun.example.org:3478" and stun.username is None
+    turn = parse_ice_server("turn:alice:s%40cret@turn.example.org:3478?transport=udp")
+    assert turn.urls == "turn:turn.example.org:3478?transport=udp"
+    assert (turn.username, turn.credential) == ("alice", "s@cret")
+    with pytest.raises(ValueError, match="stun:host:port"):
+        parse_ice_server("http://example.org")
+
+
+def test_no_ice_servers_means_no_default_stun() -> None:
+    # aiortc would otherwise contact a public STUN server on its own.
+    assert rtc_configuration([]).iceServers == []
+
+
+def test_restrict_host_addresses() -> None:
+    original = aioice.ice.get_host_addresses
+    try:
+        restrict_host_addresses(["127.0.0.1", "::1"])
+        assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=False) == ["127.0.0.1"]
+        assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=True) == ["127.0.0.1", "::1"]
+        with pytest.raises(ValueError):
+            restrict_host_addresses(["not-an-address"])
+        restrict_host_addresses([])
+        assert aioice.ice.get_host_addresses is original
+    finally:
+        aioice.ice.get_host_addresses = original
+
+
+def _frames(n: int) -> list[av.VideoFrame]:
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 255, (256, 256, 3), np.uint8)
+    frames = []
+    for i in range(n):
+        img = base.copy()
+        img[100:140, 80 + i : 160 + i] = 30
+        frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+        frame.pts = i * 3600
+        frame.time_base = fractions.Fraction(1, 90_000)
+        frames.append(frame)
+    return frames
+
+
+def _sei(encoder: H264Encoder, frames: list[av.VideoFrame]) -> str:
+    payloads, _ = encoder.encode(frames[0])
+    return b"".join(payloads).decode("latin-1")
+
+
+def test_tuned_encoder_uses_our_x264_settings() -> None:
+    frames = _frames(60)
+    tuned_sei = _sei(TunedH264Encoder(), frames)
+    default_sei = _sei(H264Encoder(), frames)
+    # x264 writes its options into the first frame's SEI.
+    assert "subme=7" in default_sei and "keyint=250" in default_sei
+    assert "keyint=50" in tuned_sei and "subme=7" not in tuned_sei
+    assert "threads=1" in tuned_sei
+
+
+def _nal_types(payload: bytes) -> list[int]:
+    """NAL unit types in one RTP payload (single NAL, STAP-A or FU-A start)."""
+    kind = payload[0] & 0x1F
+    if kind == 24:  # STAP-A: 2-byte sizes, then NALs
+        types, pos = [], 1
+        while pos + 2 < len(payload):
+            size = int.from_bytes(payload[pos : pos + 2], "big")
+            types.append(payload[pos + 2] & 0x1F)
+            pos += 2 + size
+        return types
+    if kind == 28:  # FU-A: the original type sits in the FU header; count the start only
+        return [payload[1] & 0x1F] if payload[1] & 0x80 else []
+    return [kind]
+
+
+def test_tuned_encoder_keyframe_interval_and_timing_hook() -> None:
+    seconds: list[float] = []
+    encoder = TunedH264Encoder(X264Settings(keyint=10), on_encode=seconds.append)
+    idr_frames = []
+    for i, frame in enumerate(_frames(30)):
+        payloads, timestamp = encoder.encode(frame)
+        assert timestamp == frame.pts
+        if any(5 in _nal_types(p) for p in payloads):
+            idr_frames.append(i)
+    assert idr_frames == [0, 10, 20]
+    assert len(seconds) == 30 and all(s >= 0 for s in seconds)
+
+
+async def test_use_tuned_encoder_is_kept_by_the_sender() -> None:
+    pc = RTCPeerConnection()
+    try:
+        transceiver = pc.addTransceiver("video", direction="sendonly")
+        encoder = TunedH264Encoder()
+        use_tuned_encoder(transceiver.sender, encoder)
+        # aiortc only creates its own encoder when none is set (rtcrtpsender._next_encoded_frame).
+        assert transceiver.sender._RTCRtpSender__encoder is encoder  # type: ignore[attr-defined]
+        assert isinstance(transceiver.sender, RTCRtpSender)
+    finally:
+        await pc.close()
