@@ -11,7 +11,7 @@ import pytest
 from benchmarks.analysis import av_offset, mouth_motion, stream_times
 from rtc_server.media.resample import resample_int16
 from tests.conftest import LiveServer
-from tests.rtc_client import CallClient
+from benchmarks.client import CallClient
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog. "

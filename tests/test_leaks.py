@@ -13,7 +13,7 @@ from aiortc import RTCPeerConnection
 from musetalk_core.warp import WarpEngine
 from rtc_server.session import AvatarSession
 from tests.conftest import LiveServer
-from tests.rtc_client import CallClient
+from benchmarks.client import CallClient
 
 
 def _fds() -> int:

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import LiveServer
-from tests.rtc_client import make_offer
+from benchmarks.client import make_offer
 
 
 async def _post(server: LiveServer, path: str, data: bytes | str, **kw: object) -> tuple[int, dict]:

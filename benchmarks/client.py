@@ -1,4 +1,4 @@
-"""An in-process aiortc caller for tests: connects to a live server, records what arrives.
+"""An in-process aiortc caller for tests and benchmarks: connects to a server, records media.
 
 Frames are timed by the arrival of their first RTP packet, not by when aiortc's receiver hands
 them over (its jitter buffers hold audio and video for different times, STACK.md §10).
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import av
 import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
@@ -74,27 +75,29 @@ class CallClient:
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
+                assert isinstance(frame, (av.VideoFrame, av.AudioFrame)) and frame.pts is not None
                 # aiortc rebases decoded pts to the first RTP timestamp it saw (TimestampMapper).
                 origin = self._origins.get(track.kind, 0)
-                rtp = (origin + int(frame.pts)) & 0xFFFFFFFF
+                rtp = (origin + frame.pts) & 0xFFFFFFFF
                 arrival = self._arrivals.get((track.kind, rtp))
                 if arrival is None:
-                    raise AssertionError(f"{track.kind} frame with no packet: pts {frame.pts}")
+                    raise RuntimeError(f"{track.kind} frame with no packet: pts {frame.pts}")
                 if not self.record:
                     continue
-                if track.kind == "video":
+                if isinstance(frame, av.VideoFrame):
                     image = frame.to_ndarray(format="rgb24")
-                    self.received.video.append((arrival, int(frame.pts), image))
+                    self.received.video.append((arrival, frame.pts, image))
                 else:
                     pcm = frame.to_ndarray()
                     # Opus decodes to interleaved stereo s16; keep one channel.
                     mono = pcm.reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
-                    self.received.audio.append((arrival, int(frame.pts), mono))
+                    self.received.audio.append((arrival, frame.pts, mono))
 
     def _watch_arrivals(self) -> None:
         for transceiver in self.pc.getTransceivers():
             receiver = transceiver.receiver
-            receiver._handle_rtp_packet = self._timed(transceiver.kind, receiver._handle_rtp_packet)
+            handler = self._timed(transceiver.kind, receiver._handle_rtp_packet)
+            receiver._handle_rtp_packet = handler  # type: ignore[method-assign]
 
     def _timed(self, kind: str, handler: Any) -> Any:
         async def handle(packet: Any, arrival_time_ms: int) -> None:
@@ -113,7 +116,8 @@ class CallClient:
         async with aiohttp.ClientSession() as http:
             async with http.post(self.url + "/offer", json=body) as resp:
                 answer = await resp.json()
-                assert resp.status == 200, answer
+                if resp.status != 200:
+                    raise RuntimeError(f"offer refused ({resp.status}): {answer}")
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
         self.session_id = answer["session_id"]
         return self.session_id
@@ -129,7 +133,8 @@ class CallClient:
             url = f"{self.url}/sessions/{self.session_id}/say"
             async with http.post(url, json={"text": text, "interrupt": interrupt}) as resp:
                 body = await resp.json()
-                assert resp.status == 202, body
+                if resp.status != 202:
+                    raise RuntimeError(f"say refused ({resp.status}): {body}")
                 return str(body["utterance_id"])
 
     async def wait_event(

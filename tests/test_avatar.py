@@ -1,0 +1,216 @@
+"""Avatar preparation: detection on real pictures, errors, loading, the .npz cache."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+
+from musetalk_core import avatar as avatar_mod
+from musetalk_core.avatar import (
+    AvatarError,
+    NoFaceError,
+    WarpAvatar,
+    builtin_portrait,
+    load_portrait,
+    prepare_avatar,
+)
+
+
+def _centre(box: tuple[int, int, int, int]) -> tuple[float, float]:
+    x, y, w, h = box
+    return x + w / 2, y + h / 2
+
+
+def _inside(point: tuple[float, float], box: tuple[int, int, int, int]) -> bool:
+    x, y, w, h = box
+    return x <= point[0] <= x + w and y <= point[1] <= y + h
+
+
+@pytest.fixture(scope="module")
+def astronaut() -> WarpAvatar:
+    return prepare_avatar(builtin_portrait())
+
+
+def test_builtin_portrait_is_rgb_512() -> None:
+    img = builtin_portrait()
+    assert img.shape == (512, 512, 3)
+    assert img.dtype == np.uint8
+
+
+def test_astronaut_face_mouth_and_eyes_found(astronaut: WarpAvatar) -> None:
+    face = astronaut.face_box
+    fx, fy, fw, fh = face
+    mouth = _centre(astronaut.mouth_box)
+    left, right = (_centre(b) for b in astronaut.eye_boxes)
+    assert _inside(mouth, face) and _inside(left, face) and _inside(right, face)
+    assert mouth[1] > fy + fh / 2, "mouth in the lower half of the face"
+    assert left[1] < fy + fh / 2 and right[1] < fy + fh / 2, "eyes in the upper half"
+    assert left[0] < fx + fw / 2 < right[0]
+    # Where the features are in this picture (measured by eye on a zoomed crop): mouth corners
+    # at x 203..245, lips y 139..154; eye centres near (204, 100) and (247, 102).
+    assert abs(mouth[0] - 224) < 8 and abs(mouth[1] - 146) < 8
+    assert abs(left[0] - 204) < 6 and abs(left[1] - 100) < 6
+    assert abs(right[0] - 247) < 6 and abs(right[1] - 102) < 6
+    # The lip line sits between upper teeth and lower lip (row ~148).
+    assert 140 < astronaut.lip_y + astronaut.mouth_crop[1] < 154
+
+
+def test_detection_follows_the_face_when_moved_and_scaled(astronaut: WarpAvatar) -> None:
+    scale, dx, dy = 0.75, 150, 40
+    small = cv2.resize(builtin_portrait(), None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+    canvas = np.full((480, 700, 3), 200, np.uint8)
+    canvas[dy : dy + small.shape[0], dx : dx + small.shape[1]] = small
+    moved = prepare_avatar(canvas)
+    mx, my = _centre(moved.mouth_box)
+    ox, oy = _centre(astronaut.mouth_box)
+    assert abs(mx - (ox * scale + dx)) < 6 and abs(my - (oy * scale + dy)) < 6
+    for new, old in zip(moved.eye_boxes, astronaut.eye_boxes, strict=True):
+        nx, ny = _centre(new)
+        ex, ey = _centre(old)
+        assert abs(nx - (ex * scale + dx)) < 5 and abs(ny - (ey * scale + dy)) < 5
+
+
+def test_crops_lie_inside_the_image_and_masks_are_feathered(astronaut: WarpAvatar) -> None:
+    h, w = astronaut.image.shape[:2]
+    x, y, cw, ch = astronaut.mouth_crop
+    assert 0 <= x and 0 <= y and x + cw <= w and y + ch <= h
+    mask = astronaut.mouth_mask
+    assert mask.dtype == np.float32 and mask.shape == (ch, cw)
+    assert mask.max() == pytest.approx(1.0, abs=1e-3)
+    assert mask[0].max() == mask[-1].max() == mask[:, 0].max() == mask[:, -1].max() == 0.0
+    assert 0 < ((mask > 0) & (mask < 1)).sum(), "soft edge"
+    for (ex, ey, ew, eh), eye_mask in zip(astronaut.eye_crops, astronaut.eye_masks, strict=True):
+        assert 0 <= ex and 0 <= ey and ex + ew <= w and ey + eh <= h
+        assert eye_mask.shape == (eh, ew) and eye_mask[0].max() == 0.0
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        np.full((360, 480, 3), 128, np.uint8),
+        np.random.default_rng(0).integers(0, 256, (400, 400, 3), dtype=np.uint8),
+    ],
+    ids=["blank", "noise"],
+)
+def test_no_face_raises_a_clear_error(image: np.ndarray) -> None:
+    with pytest.raises(NoFaceError, match="no frontal face found in cat.png") as info:
+        prepare_avatar(image, source="cat.png")
+    assert "frontal portrait" in str(info.value)
+    assert isinstance(info.value, AvatarError) and isinstance(info.value, ValueError)
+
+
+def test_prepare_rejects_non_images() -> None:
+    with pytest.raises(AvatarError, match="uint8"):
+        prepare_avatar(np.zeros((64, 64, 3), np.float32))
+    with pytest.raises(AvatarError, match="shape"):
+        prepare_avatar(np.zeros((64, 64, 2), np.uint8))
+
+
+def test_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = prepare_avatar(builtin_portrait(), cache_dir=tmp_path)
+    files = list(tmp_path.glob("*.npz"))
+    assert len(files) == 1 and len(files[0].stem.rsplit("-", 1)[-1]) == 64  # sha256 hex
+
+    def no_detection(*args: object, **kwargs: object) -> None:
+        raise AssertionError("detection ran although the cache should have been used")
+
+    monkeypatch.setattr(avatar_mod, "_detect_face", no_detection)
+    second = prepare_avatar(builtin_portrait(), cache_dir=tmp_path)
+    for f in dataclasses.fields(WarpAvatar):
+        a, b = getattr(first, f.name), getattr(second, f.name)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b), f.name
+        else:
+            assert a == b and type(a) is type(b), f.name
+
+
+def test_unreadable_cache_is_rebuilt(tmp_path: Path) -> None:
+    first = prepare_avatar(builtin_portrait(), cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    path.write_bytes(b"not a zip file")
+    again = prepare_avatar(builtin_portrait(), cache_dir=tmp_path)
+    assert again.mouth_box == first.mouth_box
+    assert np.load(path)["image"].shape == (512, 512, 3)
+
+
+def test_load_portrait_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(AvatarError, match="not found"):
+        load_portrait(tmp_path / "nope.png")
+
+
+def test_load_portrait_unreadable_file(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"\x89PNG but not really" + bytes(range(256)))
+    with pytest.raises(AvatarError, match="cannot read"):
+        load_portrait(bad)
+
+
+def test_load_portrait_image_is_rgb_with_even_sides(tmp_path: Path) -> None:
+    img = np.zeros((201, 301, 3), np.uint8)
+    img[..., 0] = 255  # red in RGB
+    path = tmp_path / "odd.png"
+    cv2.imwrite(str(path), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+    loaded = load_portrait(path)
+    assert loaded.shape == (200, 300, 3) and loaded.dtype == np.uint8
+    assert (loaded[..., 0] == 255).all() and (loaded[..., 1:] == 0).all()
+
+
+def test_load_portrait_scales_large_images(tmp_path: Path) -> None:
+    path = tmp_path / "big.jpg"
+    cv2.imwrite(str(path), np.full((1000, 1500, 3), 90, np.uint8))
+    loaded = load_portrait(path)
+    assert max(loaded.shape[:2]) <= 720
+    assert loaded.shape[0] % 2 == 0 and loaded.shape[1] % 2 == 0
+    assert loaded.shape[1] / loaded.shape[0] == pytest.approx(1.5, rel=0.01)
+
+
+def test_load_portrait_video_first_frame(tmp_path: Path) -> None:
+    path = tmp_path / "clip.mp4"
+    portrait = builtin_portrait()[:256, :320]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 320, 256, "yuv420p"
+        for k in range(3):
+            frame = av.VideoFrame.from_ndarray(
+                portrait if k == 0 else 255 - portrait, format="rgb24"
+            )
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    loaded = load_portrait(path)
+    assert loaded.shape == (256, 320, 3)
+    assert np.abs(loaded.astype(int) - portrait.astype(int)).mean() < 12
+
+
+def test_prepare_astronaut_from_file_matches_builtin(tmp_path: Path, astronaut: WarpAvatar) -> None:
+    path = tmp_path / "astronaut.png"
+    cv2.imwrite(str(path), cv2.cvtColor(builtin_portrait(), cv2.COLOR_RGB2BGR))
+    again = prepare_avatar(load_portrait(path))
+    assert again.mouth_box == astronaut.mouth_box
+    assert again.frame_size == (512, 512)
+
+
+def _mouth_patch(middle: list[tuple[int, int, int]]) -> np.ndarray:
+    """A 40x40 skin patch with an upper lip, ``middle`` rows, and a lower lip."""
+    skin, lip = (225, 185, 165), (190, 110, 110)
+    rows = [skin] * 12 + [lip] * 4 + middle + [lip] * 5
+    rows += [skin] * (40 - len(rows))
+    return np.repeat(np.array(rows, np.uint8)[:, None, :], 40, axis=1)
+
+
+def test_lip_line_goes_through_the_seam_of_closed_lips() -> None:
+    patch = _mouth_patch([(120, 60, 60)])  # one dark seam row at y 16
+    lip_y, teeth = avatar_mod._lip_line(patch, (0, 4, 40, 24))
+    assert (lip_y, teeth) == (16.5, False)
+
+
+def test_lip_line_goes_under_visible_teeth() -> None:
+    patch = _mouth_patch([(235, 230, 220)] * 3)  # teeth at y 16..18
+    lip_y, teeth = avatar_mod._lip_line(patch, (0, 4, 40, 24))
+    assert (lip_y, teeth) == (18.5, True)
