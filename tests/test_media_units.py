@@ -11,6 +11,7 @@ import pytest
 from aiortc import RTCPeerConnection, RTCRtpSender
 from aiortc.codecs.h264 import H264Encoder
 
+import rtc_server.ice
 from rtc_server.ice import parse_ice_server, restrict_host_addresses, rtc_configuration
 from rtc_server.media.h264 import TunedH264Encoder, X264Settings, use_tuned_encoder
 from rtc_server.media.resample import resample_int16
@@ -45,7 +46,8 @@ def test_no_ice_servers_means_no_default_stun() -> None:
 
 
 def test_restrict_host_addresses() -> None:
-    original = aioice.ice.get_host_addresses
+    # Other tests' servers may have restricted the addresses already: restore what they set.
+    before = aioice.ice.get_host_addresses
     try:
         restrict_host_addresses(["127.0.0.1", "::1"])
         assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=False) == ["127.0.0.1"]
@@ -53,9 +55,9 @@ def test_restrict_host_addresses() -> None:
         with pytest.raises(ValueError):
             restrict_host_addresses(["not-an-address"])
         restrict_host_addresses([])
-        assert aioice.ice.get_host_addresses is original
+        assert aioice.ice.get_host_addresses is rtc_server.ice._original_get_host_addresses
     finally:
-        aioice.ice.get_host_addresses = original
+        aioice.ice.get_host_addresses = before
 
 
 def _frames(n: int) -> list[av.VideoFrame]:

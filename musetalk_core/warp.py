@@ -1,0 +1,497 @@
+"""The ``warp`` lip-sync engine: animates the mouth of a still portrait from the audio, on CPU.
+
+Three layers, each usable on its own:
+
+- :func:`mouth_shape` reads one frame's audio slice into (openness, roundness);
+- :class:`WarpRenderer` draws one frame for a mouth shape and a time: the jaw drops and the
+  lips part inside the mouth crop, eyes blink now and then. Pure and synchronous;
+- :class:`WarpEngine` implements :class:`~musetalk_core.types.LipSyncEngine`: it slices queued
+  audio into frames, renders each in a worker thread and yields (image, audio) pairs.
+
+Frame k always shows the sound of its own audio slice k: there is no smoothing across frames,
+so the mouth cannot lag the voice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import concurrent.futures
+import math
+import time
+import weakref
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from .avatar import WarpAvatar
+from .types import AudioChunk, AvatarFrame
+
+__all__ = ["WarpEngine", "WarpRenderer", "mouth_shape"]
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+
+# Openness: RMS of a slice, full scale 1.0, through a compressive power curve.
+OPEN_FLOOR_RMS = 0.004
+"""Below this the mouth stays shut: room tone, dither, the tail of a fade."""
+OPEN_FULL_RMS = 0.3
+"""At this level the mouth is fully open. Piper normalises each sentence to full scale, which
+puts its loud vowels at 0.15-0.3 RMS (openness 0.6-1.0) and its median speech frame near 0.05."""
+OPEN_GAMMA = 0.7
+"""< 1 so quiet consonants still move the lips while loud vowels do not all saturate."""
+
+# Roundness: share of the voiced energy in the second-formant band. Rounded vowels ("oo", "oh")
+# keep F2 below ~1 kHz, spread ones ("ee", "ay") push it to 2 kHz and beyond.
+_LOW_BAND = (150.0, 900.0)
+_HIGH_BAND = (900.0, 3500.0)
+ROUND_HIGH_SHARE = (0.02, 0.08)
+"""High-band energy share mapped to roundness 1 and 0 respectively. A weak cue: on the Piper
+"joe" voice rounded sentences measure 0.04-0.06 (median per loud frame), spread ones 0.06-0.14."""
+
+# Kept modest: narrowing is mouth motion that does not follow loudness, so it is noise to viewers
+# and to the lip-sync metric (mouth motion against envelope change) alike.
+LENS_NARROWING = 0.35
+"""How much narrower the lip opening gets at roundness 1 (relative)."""
+CONTENT_NARROWING = 0.15
+"""How much the lips themselves are pulled towards the centre at roundness 1."""
+_ROUND_LEVELS = 16
+"""Roundness is quantised to this many steps so each step's warp fields are built once."""
+
+BLINK_SECONDS = 0.15
+BLINK_INTERVAL = (2.5, 6.0)
+"""Seconds between blink starts, drawn uniformly from a seeded generator."""
+
+
+def mouth_shape(pcm: npt.NDArray[np.generic], sample_rate: int) -> tuple[float, float]:
+    """(openness, roundness), each 0..1, for one frame's slice of mono audio.
+
+    ``pcm`` is int16, or float with full scale 1.0. Openness follows the slice's RMS through a
+    compressive curve (silence 0, normal TTS speech about 0.6-1.0); roundness is high when the
+    voiced energy sits below ~1 kHz, as in "oo", and 0 for silence, "ee" and hiss.
+    """
+    x = np.asarray(pcm)
+    if x.size == 0:
+        return 0.0, 0.0
+    if x.dtype == np.int16:
+        samples = x.astype(np.float32) / 32768.0
+    else:
+        samples = x.astype(np.float32, copy=False)
+    rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float32))))
+    level = (rms - OPEN_FLOOR_RMS) / (OPEN_FULL_RMS - OPEN_FLOOR_RMS)
+    if level <= 0.0:
+        return 0.0, 0.0
+    openness = float(min(1.0, level) ** OPEN_GAMMA)
+
+    power = np.abs(np.fft.rfft(samples * _window(len(samples)))) ** 2
+    freqs = np.fft.rfftfreq(len(samples), 1.0 / sample_rate)
+    low = float(power[(freqs >= _LOW_BAND[0]) & (freqs < _LOW_BAND[1])].sum())
+    high = float(power[(freqs >= _HIGH_BAND[0]) & (freqs < _HIGH_BAND[1])].sum())
+    if low + high <= 0.0:
+        return openness, 0.0
+    share = high / (low + high)
+    lo, hi = ROUND_HIGH_SHARE
+    roundness = float(np.clip((hi - share) / (hi - lo), 0.0, 1.0))
+    return openness, roundness
+
+
+_windows: dict[int, F32] = {}
+
+
+def _window(n: int) -> F32:
+    w = _windows.get(n)
+    if w is None:
+        w = _windows[n] = np.hanning(n).astype(np.float32)
+    return w
+
+
+@dataclass(frozen=True)
+class _MouthFields:
+    """Warp fields for one roundness level, in mouth-crop coordinates."""
+
+    map_x: F32
+    disp: F32
+    """Pixels of vertical displacement per unit openness; + moves content down."""
+    top_raise: F32
+    """Per column: how far the upper lip rises per unit openness (top of the gap)."""
+    bottom_drop: F32
+    """Per column: how far the lower lip drops per unit openness (bottom of the gap)."""
+
+
+@dataclass
+class _Blinks:
+    rng: np.random.Generator
+    starts: list[float] = field(default_factory=list)
+
+    def amount(self, t: float) -> float:
+        """How closed the eyes are at ``t``: 0 open .. 1 shut."""
+        if not self.starts:
+            self.starts.append(float(self.rng.uniform(0.5, 2.5)))
+        while self.starts[-1] <= t:
+            self.starts.append(self.starts[-1] + float(self.rng.uniform(*BLINK_INTERVAL)))
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i < 0:
+            return 0.0
+        dt = t - self.starts[i]
+        if dt >= BLINK_SECONDS:
+            return 0.0
+        # A sine hump sampled every 40 ms always lands one frame at >= 0.9 of full closure,
+        # whatever the phase; the power < 1 snaps the lid shut faster than a plain sine.
+        return float(math.sin(math.pi * dt / BLINK_SECONDS) ** 0.6)
+
+
+class WarpRenderer:
+    """Draws frames of a prepared avatar: mouth opening and roundness, blinks.
+
+    Only the mouth and eye crops are written to; with ``sway_px`` > 0 the whole frame also
+    drifts slowly by up to that many pixels (off by default: it makes every pixel change, which
+    costs encoder bits and adds noise to mouth-motion measurements). Not thread-safe: use one
+    renderer per thread.
+    """
+
+    def __init__(self, avatar: WarpAvatar, *, seed: int = 0, sway_px: float = 0.0) -> None:
+        self.avatar = avatar
+        self.sway_px = float(sway_px)
+        self._base = avatar.image
+        self._blinks = _Blinks(np.random.default_rng(seed))
+        self._fields: dict[int, _MouthFields] = {}
+
+        x, y, w, h = avatar.mouth_crop
+        self._mouth_at = (slice(y, y + h), slice(x, x + w))
+        # remap reads from its own contiguous copy; slices of the full image would be strided.
+        self._mouth_src = np.ascontiguousarray(avatar.image[y : y + h, x : x + w])
+        self._mouth_mask3 = avatar.mouth_mask[:, :, None]
+        rows = np.arange(h, dtype=np.float32)
+        self._gap_sign = np.where(rows > avatar.lip_y, 1.0, -1.0).astype(np.float32)[:, None]
+        self._rows = rows[:, None]
+        self._map_y = np.empty((h, w), np.float32)
+
+        self._eye_at = [
+            (slice(int(ey), int(ey + eh)), slice(int(ex), int(ex + ew)))
+            for ex, ey, ew, eh in avatar.eye_crops
+        ]
+        eh, ew = avatar.eye_masks.shape[1:]
+        self._eye_rows = np.arange(eh, dtype=np.float32)[:, None]
+        self._eye_u2 = [
+            np.clip(((np.arange(ew, dtype=np.float32) - cx) / ax) ** 2, 0.0, 1.0)
+            for (cx, _), (ax, _) in zip(avatar.eye_centers, avatar.eye_axes, strict=True)
+        ]
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """(width, height) of every frame."""
+        return self.avatar.frame_size
+
+    def blink_amount(self, t: float) -> float:
+        """Eyelid closure at time ``t`` seconds: 0 open, 1 shut. Deterministic per seed."""
+        return self._blinks.amount(t)
+
+    def render(self, openness: float, roundness: float, t: float) -> U8:
+        """A new uint8 RGB frame with the mouth at (openness, roundness) at time ``t`` seconds."""
+        out = self._base.copy()
+        o = min(1.0, max(0.0, float(openness)))
+        level = round(min(1.0, max(0.0, float(roundness))) * _ROUND_LEVELS)
+        # Below 1/256 the jaw moves by < 0.05 px: skip the work and keep the pixels exact.
+        if o >= 1.0 / 256 or level > 0:
+            self._draw_mouth(out, o, level)
+        blink = self._blinks.amount(t)
+        if blink > 0.0:
+            self._draw_lids(out, blink)
+        if self.sway_px > 0.0:
+            out = self._sway(out, t)
+        return out
+
+    def _mouth_fields(self, level: int) -> _MouthFields:
+        cached = self._fields.get(level)
+        if cached is not None:
+            return cached
+        a = self.avatar
+        r = level / _ROUND_LEVELS
+        u = a.mouth_u * (1.0 + LENS_NARROWING * r)
+        # Power < 1 rounds the middle of the opening; > 0.5 keeps its corners pointed.
+        lens = np.clip(1.0 - u * u, 0.0, 1.0) ** 0.7
+        # Deeper down the whole jaw moves, so the profile widens from the lip lens to a broad
+        # bump; right at the lip line it is the lens, which gives the gap its pointed corners.
+        broad = 0.5 * (1.0 + np.cos(np.pi * np.clip(np.abs(u) / 1.8, 0.0, 1.0)))
+        blend = a.mouth_jaw_blend[:, None]
+        lower = ((1.0 - blend) * lens + blend * broad) * a.mouth_lower[:, None]
+        upper = lens[None, :] * a.mouth_upper[:, None]
+        disp = (a.max_drop * lower - a.max_raise * upper) * a.mouth_mask
+        pull = 0.5 * (1.0 + np.cos(np.pi * np.clip(np.abs(a.mouth_u) / 1.8, 0.0, 1.0)))
+        squeeze = 1.0 + CONTENT_NARROWING * r * pull[None, :] * a.mouth_mask
+        map_x = a.lip_x + (a.mouth_grid_x - a.lip_x) * squeeze
+        lip_row = min(a.mouth_mask.shape[0] - 1, max(0, int(a.lip_y)))
+        top_raise = a.max_raise * lens * a.mouth_mask[lip_row]
+        bottom_drop = disp[min(disp.shape[0] - 1, lip_row + 1)]
+        fields = _MouthFields(
+            map_x=map_x.astype(np.float32),
+            disp=disp.astype(np.float32),
+            top_raise=top_raise.astype(np.float32),
+            bottom_drop=bottom_drop.astype(np.float32),
+        )
+        self._fields[level] = fields
+        return fields
+
+    def _draw_mouth(self, out: U8, openness: float, level: int) -> None:
+        a = self.avatar
+        f = self._mouth_fields(level)
+        map_y = self._map_y
+        np.multiply(f.disp, -openness, out=map_y)
+        map_y += a.mouth_grid_y
+        warped = np.asarray(
+            cv2.remap(
+                self._mouth_src, f.map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+            ),
+            np.float32,
+        )
+        # Where the backward map crosses the lip line the pixel came from the other lip: that is
+        # the opening, painted as mouth interior. The half-integer lip_y keeps a shut mouth exact.
+        gap = np.clip(self._gap_sign * (a.lip_y - map_y) + 0.5, 0.0, 1.0)
+        # Shade the opening like a cavity: lit near the lips, darkest in the middle.
+        gap_top = a.lip_y - openness * f.top_raise
+        gap_height = openness * (f.top_raise + f.bottom_drop) + 1e-3
+        depth = np.clip((self._rows - gap_top) / gap_height, 0.0, 1.0)
+        shade = 1.3 - 0.7 * np.sin(np.pi * depth)
+        fill = shade[:, :, None] * a.interior_rgb
+        if a.teeth_hint > 0.0:
+            teeth = a.teeth_hint * np.clip(1.0 - (self._rows - gap_top) / a.teeth_height, 0.0, 1.0)
+            fill += teeth[:, :, None] * (a.teeth_rgb - fill)
+        warped += gap[:, :, None] * (fill - warped)
+        region = out[self._mouth_at]
+        bg = region.astype(np.float32)
+        region[...] = (bg + self._mouth_mask3 * (warped - bg) + 0.5).astype(np.uint8)
+
+    def _draw_lids(self, out: U8, blink: float) -> None:
+        a = self.avatar
+        rows = self._eye_rows
+        for i, at in enumerate(self._eye_at):
+            _, cy = a.eye_centers[i]
+            _, ay = a.eye_axes[i]
+            top = cy - ay
+            shut = cy + 0.45 * ay
+            # The lid edge comes down as an arc, lower in the middle, like a closing eyelid.
+            edge = top + blink * ((shut - top) + 0.25 * ay * (1.0 - self._eye_u2[i]))
+            region_mask = a.eye_masks[i]
+            lid = region_mask * np.clip(edge[None, :] - rows + 0.5, 0.0, 1.0)
+            lash_width = max(0.8, 0.12 * float(ay))
+            lash = region_mask * np.exp(-(((rows - edge[None, :]) / lash_width) ** 2))
+            lash *= 0.75 * min(1.0, 2.0 * blink)
+            # The closing lid darkens towards its edge, where it folds over the eyeball.
+            fold = np.clip((rows - top) / np.maximum(edge[None, :] - top, 1.0), 0.0, 1.0)
+            lid_rgb = a.eyelid_rgb[i][None, :, :] * (1.0 - 0.12 * fold)[:, :, None]
+            region = out[at]
+            px = region.astype(np.float32)
+            px += lid[:, :, None] * (lid_rgb - px)
+            px += lash[:, :, None] * (a.lash_rgb - px)
+            region[...] = (px + 0.5).astype(np.uint8)
+
+    def _sway(self, frame: U8, t: float) -> U8:
+        # Two incommensurate slow periods so the drift never looks like a loop.
+        dx = self.sway_px * math.sin(2 * math.pi * t / 7.3)
+        dy = 0.6 * self.sway_px * math.sin(2 * math.pi * t / 5.1 + 1.3)
+        m = np.array([[1.0, 0.0, dx], [0.0, 1.0, dy]], np.float32)
+        w, h = self.frame_size
+        shifted = cv2.warpAffine(
+            frame, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+        )
+        return np.asarray(shifted, np.uint8)
+
+
+class _Segment:
+    """Queued audio of one utterance, consumed a frame at a time."""
+
+    __slots__ = ("segment_id", "chunks", "offset", "available", "ended")
+
+    def __init__(self, segment_id: int) -> None:
+        self.segment_id = segment_id
+        self.chunks: collections.deque[npt.NDArray[np.int16]] = collections.deque()
+        self.offset = 0
+        self.available = 0
+        self.ended = False
+
+    def append(self, pcm: npt.NDArray[np.int16]) -> None:
+        self.chunks.append(pcm)
+        self.available += len(pcm)
+
+    def take(self, n: int) -> npt.NDArray[np.int16]:
+        """Up to ``n`` samples, zero-padded to exactly ``n``."""
+        out = np.zeros(n, np.int16)
+        filled = 0
+        while filled < n and self.chunks:
+            head = self.chunks[0]
+            k = min(n - filled, len(head) - self.offset)
+            out[filled : filled + k] = head[self.offset : self.offset + k]
+            filled += k
+            self.offset += k
+            if self.offset == len(head):
+                self.chunks.popleft()
+                self.offset = 0
+        self.available -= filled
+        return out
+
+
+class WarpEngine:
+    """CPU :class:`~musetalk_core.types.LipSyncEngine` for a prepared :class:`WarpAvatar`.
+
+    Frames are rendered on demand in a private single-thread executor, one per pull of
+    :meth:`frames`; pacing is the consumer's job. One consumer of :meth:`frames` at a time.
+    Audio of a new ``segment_id`` implicitly ends the previous segment (its last partial frame
+    is padded), since frames never mix two utterances.
+    """
+
+    def __init__(
+        self,
+        avatar: WarpAvatar,
+        *,
+        fps: int = 25,
+        sample_rate: int = 48000,
+        seed: int = 0,
+        sway_px: float = 0.0,
+    ) -> None:
+        if fps <= 0 or sample_rate <= 0 or sample_rate % fps:
+            raise ValueError(
+                f"sample_rate ({sample_rate}) must be a positive multiple of fps ({fps})"
+            )
+        self._fps = fps
+        self._sample_rate = sample_rate
+        self._samples_per_frame = sample_rate // fps
+        self._renderer = WarpRenderer(avatar, seed=seed, sway_px=sway_px)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="warp-render"
+        )
+        # An engine dropped without aclose() must not leave its idle worker thread behind.
+        weakref.finalize(self, self._executor.shutdown, wait=False)
+        self._queue: collections.deque[_Segment] = collections.deque()
+        self._generation = 0
+        self._index = 0
+        self._render_s = 0.005  # first guess until frames are timed: a few ms on one core
+        self._closed = False
+
+    @property
+    def fps(self) -> int:
+        return self._fps
+
+    @property
+    def sample_rate(self) -> int:
+        return self._sample_rate
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return self._renderer.frame_size
+
+    @property
+    def latency(self) -> float:
+        """One frame of audio to fill a slice plus the running render-time estimate."""
+        return 1.0 / self._fps + self._render_s
+
+    @property
+    def queued_seconds(self) -> float:
+        """Speech audio waiting to be framed."""
+        return sum(s.available for s in self._queue) / self._sample_rate
+
+    async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
+        """Queue mono int16 speech at exactly :attr:`sample_rate` for utterance ``segment_id``."""
+        if self._closed:
+            raise RuntimeError("WarpEngine is closed")
+        if chunk.sample_rate != self._sample_rate:
+            raise ValueError(
+                f"audio at {chunk.sample_rate} Hz; this engine takes {self._sample_rate} Hz"
+            )
+        pcm = np.asarray(chunk.pcm)
+        if pcm.dtype != np.int16 or pcm.ndim != 1:
+            raise ValueError(f"audio must be mono int16, got {pcm.dtype} shape {pcm.shape}")
+        if segment_id < 0:
+            raise ValueError("segment_id must be >= 0; -1 marks idle frames")
+        tail = self._queue[-1] if self._queue else None
+        if tail is None or tail.segment_id != segment_id or tail.ended:
+            if tail is not None:
+                tail.ended = True
+            tail = _Segment(segment_id)
+            self._queue.append(tail)
+        if len(pcm):
+            # A copy: the caller may reuse its buffer once push_audio returns.
+            tail.append(pcm.copy())
+
+    async def end_segment(self, segment_id: int) -> None:
+        """No more audio for ``segment_id``: its last partial frame is padded with silence."""
+        for segment in reversed(self._queue):
+            if segment.segment_id == segment_id:
+                segment.ended = True
+                return
+
+    def clear(self) -> None:
+        """Drop all queued audio; the next frame yielded is idle."""
+        self._queue.clear()
+        self._generation += 1
+
+    def _next_audio(self) -> tuple[int, npt.NDArray[np.int16]] | None:
+        """The next speaking frame's (segment_id, samples), or None for an idle frame."""
+        n = self._samples_per_frame
+        while self._queue:
+            head = self._queue[0]
+            if head.available >= n:
+                return head.segment_id, head.take(n)
+            if not head.ended:
+                # Never wait for audio that may not come: a partial frame waits, the video
+                # goes on with an idle frame.
+                return None
+            self._queue.popleft()
+            if head.available > 0:
+                return head.segment_id, head.take(n)
+        return None
+
+    def _render(self, pcm: npt.NDArray[np.int16] | None, t: float) -> tuple[U8, float]:
+        start = time.perf_counter()
+        if pcm is None:
+            openness, roundness = 0.0, 0.0
+        else:
+            openness, roundness = mouth_shape(pcm, self._sample_rate)
+        image = self._renderer.render(openness, roundness, t)
+        return image, time.perf_counter() - start
+
+    async def frames(self) -> AsyncGenerator[AvatarFrame, None]:
+        """Yield (image, 1/fps of audio) pairs forever; idle frames when nothing is queued."""
+        loop = asyncio.get_running_loop()
+        silence = np.zeros(self._samples_per_frame, np.int16)
+        while not self._closed:
+            generation = self._generation
+            audio = self._next_audio()
+            t = self._index / self._fps
+            try:
+                image, elapsed = await loop.run_in_executor(
+                    self._executor, self._render, None if audio is None else audio[1], t
+                )
+            except RuntimeError:
+                return  # the executor was shut down by aclose()
+            if self._closed:
+                return
+            self._render_s = 0.9 * self._render_s + 0.1 * elapsed
+            if audio is not None and generation != self._generation:
+                continue  # clear() came during the render: this speech was dropped with it
+            self._index += 1
+            if audio is None:
+                yield AvatarFrame(
+                    image=image,
+                    audio=AudioChunk(silence.copy(), self._sample_rate),
+                    speaking=False,
+                    segment_id=-1,
+                )
+            else:
+                yield AvatarFrame(
+                    image=image,
+                    audio=AudioChunk(audio[1], self._sample_rate),
+                    speaking=True,
+                    segment_id=audio[0],
+                )
+
+    async def aclose(self) -> None:
+        """Stop rendering; :meth:`frames` ends at its next step."""
+        self._closed = True
+        self._queue.clear()
+        # No cancel_futures: a cancelled render would surface in frames() as CancelledError,
+        # which its consumer would take for its own cancellation. One render is a few ms.
+        self._executor.shutdown(wait=False)
