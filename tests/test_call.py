@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from benchmarks.analysis import av_offset, mouth_motion, stream_times
+from benchmarks.client import CallClient
 from rtc_server.media.resample import resample_int16
 from tests.conftest import LiveServer
-from benchmarks.client import CallClient
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog. "

@@ -10,10 +10,10 @@ import threading
 import aiohttp
 from aiortc import RTCPeerConnection
 
+from benchmarks.client import CallClient
 from musetalk_core.warp import WarpEngine
 from rtc_server.session import AvatarSession
 from tests.conftest import LiveServer
-from benchmarks.client import CallClient
 
 
 def _fds() -> int:

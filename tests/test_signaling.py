@@ -7,8 +7,8 @@ import json
 import aiohttp
 import pytest
 
-from tests.conftest import LiveServer
 from benchmarks.client import make_offer
+from tests.conftest import LiveServer
 
 
 async def _post(server: LiveServer, path: str, data: bytes | str, **kw: object) -> tuple[int, dict]:

@@ -1,0 +1,89 @@
+"""``bench call``: an in-process server and aiortc callers; what a receiver sees of N says."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from benchmarks.analysis import av_offset, frame_intervals_ms, mouth_motion, stream_times
+from benchmarks.client import CallClient
+from benchmarks.report import summary
+from rtc_server.app import MANAGER, create_app
+from rtc_server.config import ServerConfig
+from rtc_server.engines import load_engine_factory
+
+SAYS = (
+    "Hello there, it is good to see you today.",
+    "The quick brown fox jumps over the lazy dog.",
+    "I can speak, blink and move my mouth in time with my voice.",
+    "Every word you hear was rendered on this machine, frame by frame.",
+    "Thank you for calling, and have a wonderful afternoon.",
+)
+
+
+async def _server() -> tuple[str, web.AppRunner, Any]:
+    cache = Path(tempfile.gettempdir()) / "avatar-rtc-bench"
+    config = ServerConfig(cache_dir=cache, ice_addresses=("127.0.0.1",))
+    factory = load_engine_factory(config)
+    app = create_app(config, engine_loader=lambda: factory)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    while not app[MANAGER].ready:
+        await asyncio.sleep(0.05)
+    return f"http://127.0.0.1:{runner.addresses[0][1]}", runner, factory
+
+
+async def _measure(says: int, url: str | None) -> dict[str, Any]:
+    runner = None
+    mouth_box = None
+    if url is None:
+        url, runner, factory = await _server()
+        mouth_box = factory.mouth_box
+    client = CallClient(url)
+    offsets: list[dict[str, float]] = []
+    try:
+        started = time.monotonic()
+        await client.connect()
+        while not client.received.video:
+            await asyncio.sleep(0.005)
+        first_frame_ms = (client.received.video[0][0] - started) * 1000
+        await client.wait_channel_open()
+        for i in range(says):
+            v0, a0 = len(client.received.video), len(client.received.audio)
+            await client.say(SAYS[i % len(SAYS)])
+            await client.wait_state("speaking", timeout=10)
+            await client.wait_state("listening", timeout=30)
+            await asyncio.sleep(0.2)
+            video = client.received.video[v0:]
+            audio = client.received.audio[a0:]
+            if mouth_box is not None:
+                vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
+                at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
+                pcm = np.concatenate([p for _, _, p in audio])
+                result = av_offset(vt, mouth_motion([v for _, _, v in video], mouth_box), at, pcm)
+                offsets.append({"offset_ms": result.offset_ms, "correlation": result.correlation})
+        arrivals = [a for a, _, _ in client.received.video]
+    finally:
+        await client.close()
+        if runner is not None:
+            await runner.cleanup()
+    duration = arrivals[-1] - arrivals[0]
+    return {
+        "connect_to_first_frame_ms": first_frame_ms,
+        "receiver_fps": (len(arrivals) - 1) / duration,
+        "frame_interval_ms": summary(frame_intervals_ms(arrivals).tolist()),
+        "lipsync": offsets,
+        "lipsync_offset_ms": summary([o["offset_ms"] for o in offsets]),
+    }
+
+
+def run(says: int, url: str | None = None) -> dict[str, Any]:
+    return asyncio.run(_measure(says, url))

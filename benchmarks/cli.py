@@ -1,0 +1,105 @@
+"""``avatar-rtc bench``: encode, engine and call benchmarks; tables on stdout, --json for files."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report import table, write_json
+
+
+def _encode(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import encode
+    from benchmarks.clip import render_clip_sync
+
+    clip = render_clip_sync(args.frames)
+    results = encode.run(clip, rounds=args.rounds)
+    print(
+        table(
+            ["codec", "frames", "CPU ms p50", "CPU ms p95", "wall ms p50", "kbps", "PSNR dB"],
+            [
+                [
+                    r["codec"],
+                    r["frames"],
+                    r["cpu_ms"]["p50"],
+                    r["cpu_ms"]["p95"],
+                    r["wall_ms_p50"],
+                    r["kbps"],
+                    r["psnr_db"],
+                ]
+                for r in results
+            ],
+        )
+    )
+    return {"frames": args.frames, "rounds": args.rounds}, results
+
+
+def _engine(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import engine
+
+    r = engine.run(args.frames)
+    print(
+        table(
+            ["engine", "size", "speaking ms p50", "p95", "idle ms p50", "first frame ms"],
+            [
+                [
+                    r["engine"],
+                    "x".join(map(str, r["frame_size"])),
+                    r["speaking_ms"]["p50"],
+                    r["speaking_ms"]["p95"],
+                    r["idle_ms"]["p50"],
+                    r["first_frame_ms"],
+                ]
+            ],
+        )
+    )
+    return {"frames": args.frames}, r
+
+
+def _call(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import call
+
+    r = call.run(args.says, args.url)
+    rows = [
+        ["connect -> first frame (ms)", r["connect_to_first_frame_ms"]],
+        ["receiver fps", r["receiver_fps"]],
+        ["frame interval p50 (ms)", r["frame_interval_ms"]["p50"]],
+        ["frame interval p99 (ms)", r["frame_interval_ms"]["p99"]],
+        ["frame interval max (ms)", r["frame_interval_ms"]["max"]],
+    ]
+    if r["lipsync"]:
+        rows += [
+            ["lip-sync offset p50 (ms)", r["lipsync_offset_ms"]["p50"]],
+            ["lip-sync offset p95 (ms)", r["lipsync_offset_ms"]["p95"]],
+            ["lip-sync correlation min", min(o["correlation"] for o in r["lipsync"])],
+        ]
+    print(table(["measure", "value"], rows))
+    return {"says": args.says, "url": args.url}, r
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="avatar-rtc bench", description=__doc__)
+    sub = parser.add_subparsers(dest="bench", required=True)
+    enc = sub.add_parser("encode", help="H.264 (ours vs aiortc's defaults) and VP8 on one clip")
+    enc.add_argument("--frames", type=int, default=250)
+    enc.add_argument("--rounds", type=int, default=3)
+    eng = sub.add_parser("engine", help="lip-sync engine cost per frame")
+    eng.add_argument("--frames", type=int, default=300)
+    cal = sub.add_parser("call", help="a call from an aiortc client: fps, intervals, lip-sync")
+    cal.add_argument("--says", type=int, default=5)
+    cal.add_argument("--url", default=None, help="a running server (default: in-process)")
+    for p in (enc, eng, cal):
+        p.add_argument("--json", type=Path, default=None, help="write results here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    runner = {"encode": _encode, "engine": _engine, "call": _call}[args.bench]
+    settings, results = runner(args)
+    if args.json is not None:
+        write_json(args.json, args.bench, settings, results)
+        print(f"wrote {args.json}")
+    return 0

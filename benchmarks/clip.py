@@ -1,0 +1,66 @@
+"""The reference avatar clip: the built-in avatar saying a paragraph through the warp engine."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from musetalk_core.types import AudioChunk
+from rtc_server.config import ServerConfig
+from rtc_server.engines import EngineFactory, load_engine_factory
+from rtc_server.media.resample import resample_int16
+from rtc_server.providers.piper_tts import PiperTTS
+
+PARAGRAPH = (
+    "Hello, and welcome. I am the avatar of this server, and I can talk with you in real time. "
+    "Ask me anything you like, and I will do my best to answer quickly and clearly."
+)
+
+
+@dataclass
+class Clip:
+    images: list[np.ndarray]
+    audio: np.ndarray
+    """48 kHz mono int16, exactly 1920 samples per image."""
+    speaking: list[bool]
+    fps: int
+    mouth_box: tuple[int, int, int, int] | None
+
+
+def engine_factory(cache_dir: Path | None = None) -> EngineFactory:
+    cache = cache_dir or Path(tempfile.gettempdir()) / "avatar-rtc-bench"
+    return load_engine_factory(ServerConfig(cache_dir=cache))
+
+
+async def render_clip(
+    frames: int, *, factory: EngineFactory | None = None, text: str = PARAGRAPH
+) -> Clip:
+    """``frames`` frames of the avatar speaking ``text`` (idle after it ends)."""
+    factory = factory or engine_factory()
+    tts = PiperTTS.load()
+    engine = factory.create()
+    try:
+        async for chunk in tts.synthesize(text):
+            pcm = resample_int16(chunk.pcm, chunk.sample_rate, engine.sample_rate)
+            await engine.push_audio(AudioChunk(pcm, engine.sample_rate), 0)
+        await engine.end_segment(0)
+        images: list[np.ndarray] = []
+        audio: list[np.ndarray] = []
+        speaking: list[bool] = []
+        stream = engine.frames()
+        while len(images) < frames:
+            frame = await anext(stream)
+            images.append(frame.image)
+            audio.append(frame.audio.pcm)
+            speaking.append(frame.speaking)
+        return Clip(images, np.concatenate(audio), speaking, engine.fps, factory.mouth_box)
+    finally:
+        await engine.aclose()
+
+
+def render_clip_sync(frames: int, **kw: object) -> Clip:
+    return asyncio.run(render_clip(frames, **kw))  # type: ignore[arg-type]

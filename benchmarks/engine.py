@@ -1,0 +1,53 @@
+"""``bench engine``: per-frame cost of a lip-sync engine, speaking and idle."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from benchmarks.clip import PARAGRAPH, engine_factory
+from benchmarks.report import summary
+from musetalk_core.types import AudioChunk
+from rtc_server.media.resample import resample_int16
+from rtc_server.providers.piper_tts import PiperTTS
+
+
+async def _measure(frames: int) -> dict[str, Any]:
+    factory = engine_factory()
+    tts = PiperTTS.load()
+    engine = factory.create()
+    speech = []
+    async for chunk in tts.synthesize(PARAGRAPH):
+        speech.append(resample_int16(chunk.pcm, chunk.sample_rate, engine.sample_rate))
+    samples: dict[str, list[float]] = {"speaking": [], "idle": []}
+    first_frame_ms = 0.0
+    try:
+        stream = engine.frames()
+        while len(samples["speaking"]) < frames or len(samples["idle"]) < frames:
+            if len(samples["speaking"]) < frames and engine.queued_seconds < 0.2:  # type: ignore[attr-defined]
+                for pcm in speech:
+                    await engine.push_audio(AudioChunk(pcm, engine.sample_rate), 0)
+            pushed = time.perf_counter()
+            c0 = time.thread_time()
+            frame = await anext(stream)
+            wall = (time.perf_counter() - pushed) * 1000
+            if not first_frame_ms:
+                first_frame_ms = wall
+            kind = "speaking" if frame.speaking else "idle"
+            samples[kind].append(wall)
+            del c0
+    finally:
+        await engine.aclose()
+    return {
+        "engine": factory.name,
+        "frame_size": list(engine.frame_size),
+        "first_frame_ms": first_frame_ms,
+        "speaking_ms": summary(samples["speaking"][:frames]),
+        "idle_ms": summary(samples["idle"][:frames]),
+        "fps_capacity": 1000 / summary(samples["speaking"][:frames])["p50"],
+    }
+
+
+def run(frames: int) -> dict[str, Any]:
+    return asyncio.run(_measure(frames))
