@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="avatar-rtc bench", description=__doc__)
     sub = parser.add_subparsers(dest="bench", required=True)
     enc = sub.add_parser("encode", help="H.264 (ours vs aiortc's defaults) and VP8 on one clip")
-    enc.add_argument("--frames", type=int, default=250)
+    enc.add_argument("--frames", type=int, default=500, help="20 s: 10 s speaking, then idle")
     enc.add_argument("--rounds", type=int, default=3)
     eng = sub.add_parser("engine", help="lip-sync engine cost per frame")
     eng.add_argument("--frames", type=int, default=300)

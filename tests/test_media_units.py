@@ -84,9 +84,10 @@ def test_tuned_encoder_uses_our_x264_settings() -> None:
     tuned_sei = _sei(TunedH264Encoder(), frames)
     default_sei = _sei(H264Encoder(), frames)
     # x264 writes its options into the first frame's SEI.
-    assert "subme=7" in default_sei and "keyint=250" in default_sei
-    assert "keyint=50" in tuned_sei and "subme=7" not in tuned_sei
-    assert "threads=1" in tuned_sei
+    assert "subme=7" in default_sei and "ref=3" in default_sei
+    # veryfast: subme 2, one reference frame; one thread; the 10 s keyframe interval kept.
+    assert "subme=2" in tuned_sei and "ref=1" in tuned_sei
+    assert "threads=1" in tuned_sei and "keyint=250" in tuned_sei
 
 
 def _nal_types(payload: bytes) -> list[int]:

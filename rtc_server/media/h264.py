@@ -1,9 +1,12 @@
 """x264 settings for real-time talking-head video, plugged into aiortc's H.264 sender.
 
-aiortc's own encoder uses x264's "medium" preset (subme 7, 3 reference frames) with a 10 s
-keyframe interval. Encode time turns into A/V sync error (aiortc pairs NTP with *send* time), so
-we trade a little compression for a shorter, steadier encode, and a keyframe every 2 s so a
-receiver that lost a packet recovers without waiting on a PLI round trip.
+aiortc's own encoder uses x264's "medium" preset (subme 7, 3 reference frames) on two sliced
+threads. Encode time turns into A/V sync error (aiortc pairs NTP with *send* time), so we trade
+some compression for a shorter and, above all, steadier encode: "veryfast" on one thread per
+call. Measured on the avatar clip (`avatar-rtc bench encode`): CPU per frame p95 about 3.5 ms
+against 11-12 ms, for about a third more bits at equal PSNR. The keyframe interval stays at
+10 s: on a mostly still talking head every extra IDR costs more than it is worth (2 s doubled
+the idle bitrate), and a receiver that loses a packet asks for one with a PLI anyway.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from aiortc.codecs.h264 import H264Encoder
 class X264Settings:
     preset: str = "veryfast"
     tune: str = "zerolatency"
-    keyint: int = 50
-    """Frames between keyframes (2 s at 25 fps)."""
+    keyint: int = 250
+    """Frames between keyframes (10 s at 25 fps)."""
     threads: int = 1
     """One encode thread per call: calls scale across cores instead of fighting for them."""
     fps: int = 25

@@ -141,13 +141,17 @@ class Call {
   onConnectionState() {
     const state = this.pc.connectionState;
     if (state === "connected") {
-      const mode = this.textOnly ? ` (text only: ${this.noMicReason})` : "";
-      setStatus(`Connected${mode}`, "ok");
+      // The first state event may already have said "Listening"; keep it.
+      if (this.state === null) setStatus(`Connected${this.modeNote()}`, "ok");
     } else if (state === "failed") {
       setStatus("Connection failed", "error");
     } else if (state === "disconnected") {
       setStatus("Connection interrupted, waiting…", "warn");
     }
+  }
+
+  modeNote() {
+    return this.textOnly ? ` (text only: ${this.noMicReason})` : "";
   }
 
   openChannel(channel) {
@@ -167,8 +171,8 @@ class Call {
     if (event.type === "state") {
       this.state = event.state;
       this.states.push(event.state);
-      const mode = this.textOnly ? " (text only)" : "";
-      setStatus(`${event.state[0].toUpperCase()}${event.state.slice(1)}${mode}`, event.state);
+      const label = `${event.state[0].toUpperCase()}${event.state.slice(1)}`;
+      setStatus(`${label}${this.modeNote()}`, event.state);
     } else if (event.type === "error") {
       setStatus(`Error: ${event.message} (${event.code})`, "error");
     }
