@@ -1,15 +1,71 @@
-"""Provider seams: small protocols returning async iterators."""
+"""Provider seams: small protocols returning async iterators, and the errors they raise."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
 
 from musetalk_core.types import AudioChunk
 
 
+class ProviderError(Exception):
+    """A provider call that failed; ``retryable`` says whether trying again may help.
+
+    Vendor and transport exceptions are translated into this at the provider boundary, so the
+    turn logic deals with one type: 4xx (but 408/429) are final, 5xx/429/timeouts retryable.
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        code: str = "provider_error",
+    ) -> None:
+        super().__init__(f"{provider}: {message}")
+        self.provider = provider
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class STT(Protocol):
+    """One VAD-segmented utterance in, its text out."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def transcribe(self, pcm: np.ndarray, sample_rate: int) -> str:
+        """``pcm``: mono int16. Returns the text ("" for no speech)."""
+        ...
+
+
+class LLM(Protocol):
+    """A chat turn in, the reply's text deltas out, as they are generated."""
+
+    @property
+    def name(self) -> str: ...
+
+    def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]: ...
+
+
 class TTS(Protocol):
     """Text in, mono int16 audio out, one chunk per sentence or finer, as soon as it is ready."""
+
+    @property
+    def name(self) -> str: ...
 
     @property
     def sample_rate(self) -> int: ...

@@ -61,6 +61,10 @@ class PiperTTS:
         return cls(voice, executor)
 
     @property
+    def name(self) -> str:
+        return "piper"
+
+    @property
     def sample_rate(self) -> int:
         return int(self._voice.config.sample_rate)
 

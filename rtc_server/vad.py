@@ -1,0 +1,259 @@
+"""Server-side voice activity detection: Silero's ONNX model on onnxruntime, with hysteresis.
+
+The model file comes from the ``silero-vad`` package, located without importing it: importing
+``silero_vad`` pulls in torch and sets torch's thread count for the whole process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SAMPLE_RATE = 16_000
+CHUNK = 512
+"""Samples per model step at 16 kHz (32 ms), fixed by the model."""
+CONTEXT = 64
+"""Samples of the previous chunk the model expects in front of each chunk."""
+
+
+def silero_model_path() -> Path:
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the 'silero-vad' package is not installed: pip install silero-vad")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+    if not path.is_file():
+        raise RuntimeError(f"silero-vad is installed but {path} is missing")
+    return path
+
+
+class SileroModel:
+    """One Silero VAD model session; share it between calls, give each call a ``SileroState``."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        # 0.1 ms a chunk: threads would only cost more than they save.
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self._session = onnxruntime.InferenceSession(
+            str(path or silero_model_path()),
+            sess_options=options,
+            providers=["CPUExecutionProvider"],
+        )
+        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+
+    def new_state(self) -> SileroState:
+        return SileroState(self)
+
+    def run(self, x: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+        out: Any = self._session.run(None, {"input": x, "state": state, "sr": self._sr})
+        return float(out[0][0, 0]), out[1]
+
+
+class SileroState:
+    """The recurrent state and context of one audio stream."""
+
+    def __init__(self, model: SileroModel) -> None:
+        self._model = model
+        self.reset()
+
+    def reset(self) -> None:
+        self._state = np.zeros((2, 1, 128), np.float32)
+        self._context = np.zeros((1, CONTEXT), np.float32)
+
+    def probability(self, chunk: np.ndarray) -> float:
+        """Speech probability of one 512-sample float32 chunk in [-1, 1]."""
+        x = np.concatenate([self._context, chunk.reshape(1, CHUNK)], axis=1)
+        prob, self._state = self._model.run(x, self._state)
+        self._context = x[:, -CONTEXT:]
+        return prob
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VADParams:
+    threshold: float = 0.5
+    """Probability at which a chunk counts as speech."""
+    neg_threshold: float = 0.35
+    """Probability under which a chunk counts as silence (hysteresis in between)."""
+    min_speech_ms: int = 200
+    """Speech shorter than this is noise: no utterance starts."""
+    hangover_ms: int = 500
+    """Silence that ends the user's turn."""
+    pre_roll_ms: int = 200
+    """Audio kept from before the detected start, so the first syllable is not cut."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.neg_threshold <= self.threshold < 1:
+            raise ValueError("need 0 < neg_threshold <= threshold < 1")
+        if self.min_speech_ms < 0 or self.hangover_ms < 0 or self.pre_roll_ms < 0:
+            raise ValueError("VAD durations must be >= 0")
+
+
+class VADState(Enum):
+    QUIET = "quiet"
+    STARTING = "starting"
+    SPEAKING = "speaking"
+    STOPPING = "stopping"
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStart:
+    at: float
+    """Stream time (s) where speech began."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechEnd:
+    at: float
+    """Stream time (s) where speech ended (before the hang-over)."""
+    detected_at: float
+    """Stream time (s) when the hang-over ran out and the turn ended."""
+    audio: np.ndarray
+    """int16 16 kHz: the utterance, pre-roll included."""
+
+
+VADEvent = SpeechStart | SpeechEnd
+
+
+class VADStream:
+    """Feeds one call's 16 kHz audio through Silero and a four-state hysteresis.
+
+    Not thread-safe; one per call, driven from that call's single-thread executor.
+    """
+
+    def __init__(self, model: SileroModel, params: VADParams | None = None) -> None:
+        self.params = params or VADParams()
+        self._silero = model.new_state()
+        self.state = VADState.QUIET
+        self._pending = np.zeros(0, np.int16)
+        self._samples = 0
+        """Samples consumed so far: the stream clock."""
+        ms = SAMPLE_RATE // 1000
+        self._pre_roll: deque[np.ndarray] = deque(
+            maxlen=max(1, self.params.pre_roll_ms * ms // CHUNK)
+        )
+        self._utterance: list[np.ndarray] = []
+        self._start = 0
+        self._speech_run = 0
+        self._last_speech_end = 0
+        self._quiet_run = 0
+        self.last_probability = 0.0
+
+    @property
+    def time(self) -> float:
+        return self._samples / SAMPLE_RATE
+
+    def feed(self, pcm: np.ndarray) -> list[VADEvent]:
+        """Consume int16 16 kHz samples; return the events they complete, in order."""
+        data = np.concatenate([self._pending, pcm.astype(np.int16, copy=False)])
+        events: list[VADEvent] = []
+        n = len(data) // CHUNK * CHUNK
+        for i in range(0, n, CHUNK):
+            event = self._step(data[i : i + CHUNK])
+            if event is not None:
+                events.append(event)
+        self._pending = data[n:]
+        return events
+
+    def _step(self, chunk: np.ndarray) -> VADEvent | None:
+        p = self.params
+        prob = self._silero.probability(chunk.astype(np.float32) / 32768.0)
+        self.last_probability = prob
+        start_of_chunk = self._samples
+        self._samples += CHUNK
+        speech = prob >= p.threshold
+        silence = prob < p.neg_threshold
+        ms = SAMPLE_RATE // 1000
+
+        if self.state is VADState.QUIET:
+            if speech:
+                self.state = VADState.STARTING
+                self._start = start_of_chunk
+                self._speech_run = CHUNK
+                self._utterance = [*self._pre_roll, chunk]
+            else:
+                self._pre_roll.append(chunk)
+                self._quiet_run += CHUNK
+                if self._quiet_run > 5 * SAMPLE_RATE:
+                    # Silero's recurrent state drifts over long silences; start it afresh.
+                    self._silero.reset()
+                    self._quiet_run = 0
+            return None
+
+        self._utterance.append(chunk)
+        if self.state is VADState.STARTING:
+            if silence:
+                self.state = VADState.QUIET
+                self._pre_roll.extend(self._utterance)
+                self._utterance = []
+                return None
+            if speech:
+                self._speech_run += CHUNK
+            if speech:
+                self._last_speech_end = self._samples
+            if self._speech_run >= p.min_speech_ms * ms:
+                self.state = VADState.SPEAKING
+                self._quiet_run = 0
+                return SpeechStart(self._start / SAMPLE_RATE)
+            return None
+
+        # Speech ends where the last confident chunk ended; the model's fading tail between the
+        # two thresholds is not speech, but it does not end the turn either.
+        if speech:
+            self._last_speech_end = self._samples
+        if self.state is VADState.SPEAKING:
+            if silence:
+                self.state = VADState.STOPPING
+            return None
+
+        # STOPPING
+        if speech:
+            self.state = VADState.SPEAKING
+            return None
+        if self._samples - self._last_speech_end >= p.hangover_ms * ms:
+            self.state = VADState.QUIET
+            audio = np.concatenate(self._utterance)
+            self._utterance = []
+            self._pre_roll.clear()
+            end = self._last_speech_end - _energy_tail(audio, self._samples - self._last_speech_end)
+            return SpeechEnd(
+                at=end / SAMPLE_RATE,
+                detected_at=self._samples / SAMPLE_RATE,
+                audio=audio,
+            )
+        return None
+
+
+_TAIL_WINDOW = SAMPLE_RATE // 100
+"""10 ms windows for the energy refinement of the end of speech."""
+_MAX_TAIL = 4 * CHUNK
+"""Silero stays confident for up to about three chunks after the voice stops."""
+
+
+def _energy_tail(audio: np.ndarray, after: int) -> int:
+    """Samples at the end of the confident speech that are quieter than the speech itself.
+
+    ``audio`` ends ``after`` samples past the last confident chunk. Walks back from that chunk
+    at most ``_MAX_TAIL`` samples, while the 10 ms level stays 35 dB under the utterance's
+    peak: the model's own lag, measured on the waveform. Loud background keeps it at 0.
+    """
+    speech = audio[: len(audio) - after].astype(np.float32)
+    n = len(speech) // _TAIL_WINDOW
+    if n < 2:
+        return 0
+    windows = speech[len(speech) - n * _TAIL_WINDOW :].reshape(n, _TAIL_WINDOW)
+    rms = np.sqrt((windows**2).mean(axis=1))
+    floor = rms.max() * 10 ** (-35 / 20)
+    quiet = 0
+    for level in rms[::-1]:
+        if level > floor or (quiet + 1) * _TAIL_WINDOW > _MAX_TAIL:
+            break
+        quiet += 1
+    return quiet * _TAIL_WINDOW
