@@ -85,3 +85,20 @@ def av_offset(
 
 def frame_intervals_ms(times: Sequence[float]) -> np.ndarray:
     return np.diff(np.asarray(times)) * 1000
+
+
+def voiced_span(pcm: np.ndarray, sample_rate: int, level: float = 0.01) -> tuple[int, int]:
+    """First and one-past-last sample of the 10 ms windows louder than ``level`` (RMS, 0..1)."""
+    win = sample_rate // 100
+    frames = pcm[: len(pcm) // win * win].astype(np.float32).reshape(-1, win) / 32768
+    loud = np.flatnonzero(np.sqrt((frames**2).mean(axis=1)) > level)
+    if loud.size == 0:
+        return 0, 0
+    return int(loud[0] * win), int((loud[-1] + 1) * win)
+
+
+def loud_frames(frames: Sequence[np.ndarray], level: float = 0.01) -> np.ndarray:
+    """Per received audio frame: is its RMS above ``level``?"""
+    return np.asarray(
+        [np.sqrt(np.mean((f.astype(np.float32) / 32768) ** 2)) > level for f in frames]
+    )

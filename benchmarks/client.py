@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fractions
 import json
 import time
 from collections.abc import Callable
@@ -171,3 +172,57 @@ class CallClient:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class Microphone(MediaStreamTrack):
+    """A caller's microphone that says what it is given, in real time, and silence otherwise.
+
+    ``play`` queues 48 kHz mono int16 audio; ``sent_at(sample)`` tells when the 20 ms frame
+    holding that sample (counted from the start of the ``play``) went to the network.
+    """
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: list[np.ndarray] = []
+        self._start: float | None = None
+        self._index = 0
+        self._plays: list[tuple[int, int]] = []
+        """(first frame index, samples) of each play."""
+        self._frame_times: dict[int, float] = {}
+
+    def play(self, pcm: np.ndarray) -> int:
+        """Queue ``pcm``; returns a handle for ``sent_at``."""
+        frames = [pcm[i : i + 960] for i in range(0, len(pcm), 960)]
+        frames[-1] = np.pad(frames[-1], (0, 960 - len(frames[-1])))
+        first = self._index + sum(1 for _ in self._queue)
+        self._queue.extend(frames)
+        self._plays.append((first, len(pcm)))
+        return len(self._plays) - 1
+
+    def sent_at(self, handle: int, sample: int) -> float | None:
+        first, _ = self._plays[handle]
+        return self._frame_times.get(first + sample // 960)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue)
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        due = self._start + self._index * 0.020
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        pcm = self._queue.pop(0) if self._queue else np.zeros(960, np.int16)
+        self._frame_times[self._index] = time.monotonic()
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = 48_000
+        frame.pts = self._index * 960
+        frame.time_base = fractions.Fraction(1, 48_000)
+        self._index += 1
+        return frame

@@ -64,3 +64,10 @@ async def render_clip(
 
 def render_clip_sync(frames: int, **kw: object) -> Clip:
     return asyncio.run(render_clip(frames, **kw))  # type: ignore[arg-type]
+
+
+async def speech_pcm(text: str, sample_rate: int = 48_000) -> np.ndarray:
+    """``text`` spoken by the bundled Piper voice, mono int16 at ``sample_rate``."""
+    tts = PiperTTS.load()
+    parts = [resample_int16(c.pcm, c.sample_rate, sample_rate) async for c in tts.synthesize(text)]
+    return np.concatenate(parts)

@@ -19,9 +19,9 @@ from rtc_server.engines import EngineFactory, load_engine_factory
 from rtc_server.ice import restrict_host_addresses, rtc_configuration
 from rtc_server.media.h264 import TunedH264Encoder, use_tuned_encoder
 from rtc_server.metrics import Metrics
-from rtc_server.providers.base import TTS
-from rtc_server.providers.piper_tts import PiperTTS
-from rtc_server.session import AvatarSession
+from rtc_server.providers.registry import load_local
+from rtc_server.session import AvatarSession, Providers
+from rtc_server.vad import SileroModel
 from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
 from signaling.http import add_routes
 from signaling.messages import Answer, Offer, SayRequest
@@ -45,21 +45,23 @@ class SessionManager:
         self.executor = executor
         self.sessions: dict[str, AvatarSession] = {}
         self.engine_factory: EngineFactory | None = None
-        self.tts: TTS | None = None
+        self.providers: Providers | None = None
         self._pending = 0
 
     @property
     def ready(self) -> bool:
-        return self.engine_factory is not None and self.tts is not None
+        return self.engine_factory is not None and self.providers is not None
 
     async def load(self, engine_loader: Callable[[], EngineFactory]) -> None:
         loop = asyncio.get_running_loop()
-        self.tts = await loop.run_in_executor(self.executor, PiperTTS.load, self.executor)
+        stt, llm, tts, _ = await loop.run_in_executor(self.executor, load_local, self.executor)
+        vad = await loop.run_in_executor(self.executor, SileroModel)
         self.engine_factory = await loop.run_in_executor(self.executor, engine_loader)
-        logger.info("ready: engine %s, TTS piper", self.engine_factory.name)
+        self.providers = Providers(tts=tts, llm=llm, stt=stt, vad=vad, fallback_tts=tts)
+        logger.info("ready: engine %s", self.engine_factory.name)
 
     async def create_session(self, offer: Offer) -> Answer:
-        if self.engine_factory is None or self.tts is None:
+        if self.engine_factory is None or self.providers is None:
             raise SignalingError(
                 503, "not_ready", "models are still loading", headers={"Retry-After": "2"}
             )
@@ -82,10 +84,11 @@ class SessionManager:
 
     async def _answer(self, offer: Offer, engine: LipSyncEngine) -> Answer:
         pc = RTCPeerConnection(rtc_configuration(self.config.ice_servers))
+        assert self.providers is not None
         session = AvatarSession(
             pc,
             engine,
-            self._tts(),
+            self.providers,
             metrics=self.metrics,
             executor=self.executor,
             on_closed=self._forget,
@@ -121,10 +124,6 @@ class SessionManager:
         session.start()
         logger.info("session %s answered (%s)", session.id[:8], negotiated)
         return Answer(sdp=pc.localDescription.sdp, session_id=session.id)
-
-    def _tts(self) -> TTS:
-        assert self.tts is not None
-        return self.tts
 
     async def _forget(self, session: AvatarSession) -> None:
         if self.sessions.pop(session.id, None) is not None:

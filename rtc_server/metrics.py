@@ -32,6 +32,13 @@ class Metrics:
             buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.04, 0.08),
             registry=self.registry,
         )
+        self.turn_stage = Histogram(
+            "avatar_rtc_turn_stage_seconds",
+            "Time per stage of a turn (ARCHITECTURE §4 names without _ms).",
+            ["stage"],
+            buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0),
+            registry=self.registry,
+        )
         self.utterances = Counter(
             "avatar_rtc_utterances", "Say requests accepted.", registry=self.registry
         )

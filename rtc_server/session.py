@@ -1,4 +1,4 @@
-"""One call: a peer connection, its media clock, engine, scheduler, tracks and speech."""
+"""One call: a peer connection, its media clock, engine, scheduler, tracks, listening and speech."""
 
 from __future__ import annotations
 
@@ -6,25 +6,54 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
-from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
+import av
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
-from rtc_server.media.clock import AUDIO_RATE, MonotonicClock
-from rtc_server.media.resample import resample_int16
+from musetalk_core.types import AvatarFrame, LipSyncEngine
+from rtc_server.media.clock import MonotonicClock
 from rtc_server.media.scheduler import AVScheduler
 from rtc_server.media.tracks import AvatarAudioTrack, AvatarVideoTrack
 from rtc_server.metrics import Metrics
-from rtc_server.providers.base import TTS
+from rtc_server.providers.base import LLM, STT, TTS, ProviderError
+from rtc_server.sentences import SentenceSplitter
+from rtc_server.speech import SpeechOutput, Utterance
+from rtc_server.turns import DEFAULT_SYSTEM_PROMPT, Conversation, TurnTimer
+from rtc_server.vad import SAMPLE_RATE as VAD_RATE
+from rtc_server.vad import SileroModel, SpeechEnd, SpeechStart, VADEvent, VADParams, VADStream
 from signaling.errors import SignalingError
 from signaling.messages import parse_client_event
 
 logger = logging.getLogger(__name__)
+
+APOLOGY = "Sorry, I ran into a problem answering that."
+
+
+@dataclass(frozen=True, slots=True)
+class Providers:
+    """What a call talks with; shared by all calls of a process."""
+
+    tts: TTS
+    llm: LLM | None = None
+    stt: STT | None = None
+    vad: SileroModel | None = None
+    fallback_tts: TTS | None = None
+    """The local voice, for a spoken apology when a cloud TTS fails."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenSettings:
+    vad: VADParams = field(default_factory=VADParams)
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    history_chars: int = 6000
+    barge_in: bool = True
 
 
 class AvatarSession:
@@ -34,9 +63,10 @@ class AvatarSession:
         self,
         pc: RTCPeerConnection,
         engine: LipSyncEngine,
-        tts: TTS,
+        providers: Providers,
         *,
         metrics: Metrics,
+        settings: ListenSettings | None = None,
         executor: Executor | None = None,
         on_closed: Callable[[AvatarSession], Awaitable[None]] | None = None,
         connect_timeout_s: float = 30.0,
@@ -44,23 +74,27 @@ class AvatarSession:
         self.id = uuid.uuid4().hex
         self.pc = pc
         self.engine = engine
-        self.tts = tts
+        self.providers = providers
+        self.settings = settings or ListenSettings()
         self.metrics = metrics
         self.clock = MonotonicClock()
         self.scheduler = AVScheduler(engine, on_unit=self._on_unit, on_video=self._on_video)
         self.audio_track = AvatarAudioTrack(self.clock, self.scheduler)
         self.video_track = AvatarVideoTrack(self.clock, self.scheduler)
+        self.speech = SpeechOutput(engine, executor)
+        self.conversation = Conversation(self.settings.system_prompt, self.settings.history_chars)
         self.channel: RTCDataChannel | None = None
         self.state = "listening"
+        self.last_turn: dict[str, float] | None = None
         self._executor = executor
+        # VAD runs per call on its own thread: 50 small steps a second, never behind the STT.
+        self._vad_executor = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{self.id[:8]}")
         self._on_closed = on_closed
         self._connect_timeout_s = connect_timeout_s
-        self._speech: asyncio.Queue[tuple[str, int, str]] = asyncio.Queue()
-        self._speaking_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._next_segment = 0
-        self._first_live_segment = 0
-        """Segments below this were interrupted; frames of theirs still in flight are stale."""
+        self._speaking: set[asyncio.Task[Any]] = set()
+        """Tasks producing speech (says and replies): barge-in cancels them all."""
+        self._turn: asyncio.Task[None] | None = None
         self._closed = False
         self._log = logging.LoggerAdapter(logger, {"session": self.id[:8]})
 
@@ -72,7 +106,6 @@ class AvatarSession:
 
     def start(self) -> None:
         self.scheduler.start()
-        self._spawn(self._speaker(), "speaker")
         self._spawn(self._connect_watchdog(), "connect-watchdog")
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
@@ -84,6 +117,7 @@ class AvatarSession:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        self._speaking.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self._log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
@@ -115,6 +149,7 @@ class AvatarSession:
         self.audio_track.stop()
         self.video_track.stop()
         await self.pc.close()
+        self._vad_executor.shutdown(wait=False, cancel_futures=True)
         self._log.info("closed")
         if self._on_closed is not None:
             await self._on_closed(self)
@@ -128,12 +163,7 @@ class AvatarSession:
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
             # The microphone: it must be read, or aiortc queues its frames without bound.
-            self._spawn(self._consume_microphone(track), "microphone")
-
-    async def _consume_microphone(self, track: MediaStreamTrack) -> None:
-        with contextlib.suppress(MediaStreamError):
-            while True:
-                await track.recv()
+            self._spawn(self._listen(track), "microphone")
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != "events":
@@ -152,76 +182,178 @@ class AvatarSession:
             self.say(event.text)
         elif event.type == "interrupt":
             self.interrupt()
-        else:
+        elif self.providers.llm is None:
             self.send_event(
-                {
-                    "type": "error",
-                    "code": "not_implemented",
-                    "message": "typed turns need the listening pipeline, which is not built yet",
-                }
+                {"type": "error", "code": "not_available", "message": "no LLM is configured"}
             )
+        else:
+            self.interrupt()
+            self._start_turn(self._reply(event.text, TurnTimer(speech_end=time.monotonic())))
 
     def send_event(self, event: dict[str, Any]) -> None:
         channel = self.channel
         if channel is not None and channel.readyState == "open":
             channel.send(json.dumps(event))
 
+    def _error(self, code: str, message: str) -> None:
+        self.send_event({"type": "error", "code": code, "message": message})
+
+    # -- listening -------------------------------------------------------------------------
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        model = self.providers.vad
+        vad = VADStream(model, self.settings.vad) if model is not None else None
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=VAD_RATE)
+        loop = asyncio.get_running_loop()
+
+        def step(frame: av.AudioFrame) -> list[VADEvent]:
+            assert vad is not None
+            events: list[VADEvent] = []
+            for out in resampler.resample(frame):
+                events += vad.feed(out.to_ndarray().reshape(-1))
+            return events
+
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                if vad is None or self.providers.stt is None:
+                    continue
+                assert isinstance(frame, av.AudioFrame)
+                for event in await loop.run_in_executor(self._vad_executor, step, frame):
+                    self._on_vad(event)
+
+    def _on_vad(self, event: VADEvent) -> None:
+        if isinstance(event, SpeechStart):
+            if self.settings.barge_in and self.state in ("speaking", "thinking"):
+                self._log.info("barge-in")
+                self.interrupt()
+            return
+        now = time.monotonic()
+        timer = TurnTimer(speech_end=now - (event.detected_at - event.at))
+        timer.vad_end_s = event.detected_at - event.at
+        self.interrupt()
+        self._start_turn(self._hear(event, timer))
+
+    def _start_turn(self, coro: Awaitable[None]) -> None:
+        self._turn = self._spawn(coro, "turn")
+        self._speaking.add(self._turn)
+
+    async def _hear(self, event: SpeechEnd, timer: TurnTimer) -> None:
+        stt = self.providers.stt
+        assert stt is not None
+        self._set_state("thinking")
+        timer.mark("stt_start")
+        try:
+            text = await stt.transcribe(event.audio, VAD_RATE)
+        except ProviderError as exc:
+            self._log.warning("STT failed: %s", exc)
+            self._error(exc.code, f"speech recognition failed: {exc.message}")
+            await self._apologize()
+            return
+        timer.mark("stt_end")
+        if not text:
+            self._set_state("listening")
+            return
+        self.send_event({"type": "transcript", "text": text, "final": True})
+        await self._reply(text, timer)
+
+    async def _reply(self, text: str, timer: TurnTimer) -> None:
+        llm = self.providers.llm
+        assert llm is not None
+        self._set_state("thinking")
+        self.conversation.add("user", text)
+        utterance = Utterance()
+        try:
+            await self.speech.speak(
+                self.providers.tts,
+                self._sentences(llm, timer),
+                utterance,
+                on_tts_audio=lambda: timer.mark("tts_first_audio"),
+            )
+            if utterance.first_push_at is not None:
+                timer.mark("engine_first_push", utterance.first_push_at)
+            await self.speech.wait_played(utterance)
+        except ProviderError as exc:
+            self._log.warning("reply failed: %s", exc)
+            self._error(exc.code, exc.message)
+            await self._apologize()
+        finally:
+            self.conversation.add("assistant", utterance.played_text())
+            self.speech.forget(utterance)
+            if utterance.first_push_at is not None:
+                timer.mark("engine_first_push", utterance.first_push_at)
+            if utterance.first_played_at is not None:
+                timer.mark("first_frame", utterance.first_played_at)
+            self._finish_turn(timer)
+
+    async def _sentences(self, llm: LLM, timer: TurnTimer) -> AsyncGenerator[str, None]:
+        splitter = SentenceSplitter()
+        timer.mark("llm_start")
+        async for delta in llm.stream(self.conversation.messages()):
+            timer.mark("llm_first_token")
+            for sentence in splitter.feed(delta):
+                self.send_event({"type": "response", "text": sentence})
+                timer.mark("tts_start")
+                yield sentence
+        rest = splitter.flush()
+        if rest:
+            self.send_event({"type": "response", "text": rest})
+            timer.mark("tts_start")
+            yield rest
+
+    def _finish_turn(self, timer: TurnTimer) -> None:
+        metrics = timer.metrics()
+        self.last_turn = metrics
+        for name, value in metrics.items():
+            self.metrics.turn_stage.labels(name.removesuffix("_ms")).observe(value / 1000)
+        self.send_event({"type": "turn", "turn_id": uuid.uuid4().hex, "metrics": metrics})
+
+    async def _apologize(self) -> None:
+        voice = self.providers.fallback_tts or self.providers.tts
+        utterance = Utterance()
+        with contextlib.suppress(ProviderError):
+            await self.speech.speak(voice, _one(APOLOGY), utterance)
+            await self.speech.wait_played(utterance)
+        self.speech.forget(utterance)
+
     # -- speech ----------------------------------------------------------------------------
 
     def say(self, text: str, *, interrupt: bool = False) -> str:
-        """Queue ``text`` to be spoken; returns its utterance id."""
+        """Queue ``text`` to be spoken verbatim; returns its utterance id."""
         if interrupt:
             self.interrupt()
         utterance_id = uuid.uuid4().hex
-        segment_id = self._next_segment
-        self._next_segment += 1
-        self._speech.put_nowait((utterance_id, segment_id, text))
+        task = self._spawn(self._say(text), f"say-{utterance_id[:8]}")
+        self._speaking.add(task)
         self.metrics.utterances.inc()
         return utterance_id
 
+    async def _say(self, text: str) -> None:
+        utterance = Utterance()
+        try:
+            await self.speech.speak(self.providers.tts, _one(text), utterance)
+            await self.speech.wait_played(utterance)
+        except ProviderError as exc:
+            self._error(exc.code, f"speech synthesis failed: {exc.message}")
+        finally:
+            self.speech.forget(utterance)
+
     def interrupt(self) -> None:
-        """Stop speaking now: queued text, synthesis in flight and rendered frames are dropped."""
-        while not self._speech.empty():
-            self._speech.get_nowait()
-        if self._speaking_task is not None:
-            self._speaking_task.cancel()
-        self._first_live_segment = self._next_segment
+        """Stop speaking now: text queued, synthesis in flight and frames rendered are dropped."""
+        for task in list(self._speaking):
+            task.cancel()
+        self._speaking.clear()
         self.scheduler.clear()
         self._set_state("listening")
-
-    async def _speaker(self) -> None:
-        while True:
-            utterance_id, segment_id, text = await self._speech.get()
-            self._speaking_task = asyncio.ensure_future(self._speak(segment_id, text))
-            try:
-                await self._speaking_task
-            except asyncio.CancelledError:
-                if self._closed or not self._speaking_task.cancelled():
-                    raise
-            except Exception:
-                self._log.exception("could not speak utterance %s", utterance_id)
-                self.send_event(
-                    {"type": "error", "code": "tts_failed", "message": "speech synthesis failed"}
-                )
-            finally:
-                self._speaking_task = None
-
-    async def _speak(self, segment_id: int, text: str) -> None:
-        loop = asyncio.get_running_loop()
-        async for chunk in self.tts.synthesize(text):
-            pcm = await loop.run_in_executor(
-                self._executor, resample_int16, chunk.pcm, chunk.sample_rate, AUDIO_RATE
-            )
-            await self.engine.push_audio(AudioChunk(pcm, AUDIO_RATE), segment_id)
-        await self.engine.end_segment(segment_id)
 
     def _on_unit(self, index: int, unit: AvatarFrame, filler: bool) -> None:
         """Called as each pair is presented: drives the state events and the counters."""
         if filler:
             self.metrics.video_frames_late.labels("filler").inc()
-        if unit.speaking and unit.segment_id >= self._first_live_segment:
+        if unit.speaking and self.speech.is_live(unit.segment_id):
+            self.speech.on_unit(unit)
             self._set_state("speaking")
-        elif self.state == "speaking" and self._speech.empty() and self._speaking_task is None:
+        elif self.state == "speaking" and not self._speaking:
             self._set_state("listening")
 
     def _on_video(self, dropped: int) -> None:
@@ -233,3 +365,7 @@ class AvatarSession:
         if state != self.state:
             self.state = state
             self.send_event({"type": "state", "state": state})
+
+
+async def _one(text: str) -> AsyncGenerator[str, None]:
+    yield text

@@ -101,15 +101,23 @@ async def test_data_channel_say_and_errors(live_server: LiveServer) -> None:
         await client.wait_state("listening", timeout=5)
         client.channel.send("{not json")
         client.channel.send('{"type": "dance"}')
-        client.channel.send('{"type": "text", "text": "what time is it"}')
         client.channel.send('{"type": "say"}')
+        client.channel.send(b"binary")
         errors = []
         for _ in range(4):
             event = await client.wait_event(lambda e: e.get("type") == "error", timeout=5)
             errors.append(event)
         codes = [e["code"] for e in errors]
-        assert codes == ["bad_message", "unknown_type", "not_implemented", "bad_text"]
-        # The call survived all of it: a say still works.
+        assert codes == ["bad_message", "unknown_type", "bad_text", "bad_message"]
+        # The call survived all of it: a typed turn is answered, a say still works.
+        client.channel.send('{"type": "text", "text": "what time is it"}')
+        response = await client.wait_event(lambda e: e.get("type") == "response", timeout=10)
+        assert response["text"] == "You said: what time is it."
+        turn = await client.wait_event(lambda e: e.get("type") == "turn", timeout=20)
+        assert {"llm_first_token_ms", "tts_first_audio_ms", "first_audio_out_ms"} <= set(
+            turn["metrics"]
+        )
+        await client.wait_state("listening", timeout=5)
         client.channel.send('{"type": "say", "text": "Still here."}')
         await client.wait_state("speaking", timeout=10)
         client.channel.send('{"type": "interrupt"}')

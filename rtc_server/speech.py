@@ -1,0 +1,141 @@
+"""Speech output: text into the lip-sync engine, one sentence a segment, and what got played.
+
+Every sentence becomes its own engine segment, so the session knows, frame by frame, how much of
+each sentence reached the caller. After a barge-in the conversation keeps only that part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
+from rtc_server.media.resample import resample_int16
+from rtc_server.providers.base import TTS
+
+
+@dataclass(slots=True)
+class Segment:
+    segment_id: int
+    text: str
+    frame_samples: int
+    """Audio samples per video frame."""
+    samples: int = 0
+    """Audio samples pushed so far."""
+    complete: bool = False
+    """All its audio is in the engine."""
+    played: int = 0
+    """Speaking frames of it presented to the tracks."""
+    first_played_at: float | None = None
+    """time.monotonic() when its first frame was presented."""
+
+    @property
+    def frames(self) -> int:
+        """Frames its audio fills; the engine pads the last one of a complete segment."""
+        if self.complete:
+            return math.ceil(self.samples / self.frame_samples)
+        return self.samples // self.frame_samples
+
+
+@dataclass(slots=True)
+class Utterance:
+    """One reply or say: its sentences in order, and timing marks for the turn metrics."""
+
+    segments: list[Segment] = field(default_factory=list)
+    first_push_at: float | None = None
+    """time.monotonic() when its first audio went into the engine."""
+
+    def played_text(self) -> str:
+        """The sentences heard in full, plus the heard share of the words of a cut one."""
+        parts = []
+        for seg in self.segments:
+            if seg.played == 0:
+                break
+            if seg.complete and seg.played >= seg.frames:
+                parts.append(seg.text)
+                continue
+            words = seg.text.split()
+            share = seg.played / max(seg.frames, 1)
+            parts.append(" ".join(words[: math.floor(len(words) * share)]))
+            break
+        return " ".join(p for p in parts if p).strip()
+
+    @property
+    def first_played_at(self) -> float | None:
+        return self.segments[0].first_played_at if self.segments else None
+
+
+class SpeechOutput:
+    """Serializes speech into one engine: utterances play one after another, never interleaved."""
+
+    def __init__(self, engine: LipSyncEngine, executor: Executor | None = None) -> None:
+        self.engine = engine
+        self._executor = executor
+        self._next_segment = 0
+        self._segments: dict[int, Segment] = {}
+        self._lock = asyncio.Lock()
+        self._frame_samples = engine.sample_rate // engine.fps
+        self._progress = asyncio.Event()
+
+    def on_unit(self, unit: AvatarFrame) -> None:
+        """Count a presented speaking frame against its segment."""
+        seg = self._segments.get(unit.segment_id) if unit.speaking else None
+        if seg is not None:
+            seg.played += 1
+            if seg.first_played_at is None:
+                seg.first_played_at = time.monotonic()
+            self._progress.set()
+
+    def is_live(self, segment_id: int) -> bool:
+        return segment_id in self._segments
+
+    async def speak(
+        self,
+        tts: TTS,
+        sentences: AsyncGenerator[str, None],
+        utterance: Utterance,
+        *,
+        on_tts_audio: Callable[[], None] | None = None,
+    ) -> None:
+        """Synthesize each sentence as it arrives and push it into the engine, in order."""
+        loop = asyncio.get_running_loop()
+        rate = self.engine.sample_rate
+        async with self._lock, contextlib.aclosing(sentences):
+            # aclosing: a barge-in cancels us mid-stream, and the LLM's HTTP response behind
+            # ``sentences`` must be released now, not whenever the generator is collected.
+            async for text in sentences:
+                seg = Segment(self._next_segment, text, self._frame_samples)
+                self._next_segment += 1
+                self._segments[seg.segment_id] = seg
+                utterance.segments.append(seg)
+                async with contextlib.aclosing(tts.synthesize(text)) as chunks:
+                    async for chunk in chunks:
+                        if on_tts_audio is not None:
+                            on_tts_audio()
+                            on_tts_audio = None
+                        pcm = await loop.run_in_executor(
+                            self._executor, resample_int16, chunk.pcm, chunk.sample_rate, rate
+                        )
+                        await self.engine.push_audio(AudioChunk(pcm, rate), seg.segment_id)
+                        seg.samples += len(pcm)
+                        if utterance.first_push_at is None:
+                            utterance.first_push_at = time.monotonic()
+                await self.engine.end_segment(seg.segment_id)
+                seg.complete = True
+                self._progress.set()
+
+    async def wait_played(self, utterance: Utterance) -> None:
+        """Return once every frame of ``utterance`` has been presented."""
+        while not all(s.complete and s.played >= s.frames for s in utterance.segments):
+            self._progress.clear()
+            await self._progress.wait()
+
+    def forget(self, utterance: Utterance) -> None:
+        """Stop counting for ``utterance``; frames of its still in flight count as stale."""
+        for seg in utterance.segments:
+            self._segments.pop(seg.segment_id, None)

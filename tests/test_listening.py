@@ -1,0 +1,133 @@
+"""The caller speaks; the avatar hears, answers, and stops at once when interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import numpy as np
+import pytest
+
+from benchmarks.analysis import av_offset, loud_frames, mouth_motion, stream_times, voiced_span
+from benchmarks.client import CallClient, Microphone
+from benchmarks.clip import speech_pcm
+from rtc_server.media.resample import resample_int16
+from tests.conftest import LiveServer
+
+QUESTION = "What is the capital of France?"
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z]+", text.lower())
+
+
+@pytest.fixture(scope="module")
+def whisper():  # type: ignore[no-untyped-def]
+    from rtc_server.providers.whisper_stt import WhisperSTT
+
+    return WhisperSTT.load(threads=2)
+
+
+async def _connected(url: str) -> tuple[CallClient, Microphone]:
+    mic = Microphone()
+    client = CallClient(url, microphone=mic)
+    await client.connect()
+    await client.wait_channel_open()
+    await client.wait_state("listening", timeout=5)
+    await asyncio.sleep(0.5)  # the VAD hears some room tone first, as in a real call
+    return client, mic
+
+
+async def test_spoken_question_is_heard_and_answered(live_server: LiveServer, whisper) -> None:  # type: ignore[no-untyped-def]
+    client, mic = await _connected(live_server.url)
+    try:
+        question = await speech_pcm(QUESTION)
+        _, voiced_end = voiced_span(question, 48_000)
+        audio_start = len(client.received.audio)
+        video_start = len(client.received.video)
+        handle = mic.play(question)
+
+        transcript = await client.wait_event(lambda e: e.get("type") == "transcript", 15)
+        assert transcript["final"] is True
+        assert {"capital", "france"} <= set(words(transcript["text"]))
+        response = await client.wait_event(lambda e: e.get("type") == "response", 10)
+        assert response["text"] == f"You said: {transcript['text'].rstrip('.!?')}."
+        turn = await client.wait_event(lambda e: e.get("type") == "turn", 30)
+        await client.wait_state("listening", 10)
+        await asyncio.sleep(0.3)
+        audio = client.received.audio[audio_start:]
+        video = client.received.video[video_start:]
+    finally:
+        await client.close()
+
+    # Latency: end of the caller's speech -> first reply audio arriving, as the client saw it.
+    speech_end = mic.sent_at(handle, voiced_end)
+    assert speech_end is not None
+    loud = loud_frames([p for _, _, p in audio])
+    first_reply = next(
+        a for (a, _, _), is_loud in zip(audio, loud, strict=True) if is_loud and a > speech_end
+    )
+    client_ms = (first_reply - speech_end) * 1000
+    server_ms = turn["metrics"]["first_audio_out_ms"]
+    print(f"first audio: client {client_ms:.0f} ms, server {server_ms:.0f} ms, {turn['metrics']}")
+    assert server_ms <= client_ms
+    assert client_ms - server_ms <= 250
+    assert {
+        "vad_end_ms",
+        "stt_ms",
+        "llm_first_token_ms",
+        "tts_first_audio_ms",
+        "engine_first_frame_ms",
+    } <= set(turn["metrics"])
+
+    # The reply is the echo answer, and the avatar's mouth moves with it.
+    pcm = np.concatenate([p for _, _, p in audio])
+    heard = words(await whisper.transcribe(resample_int16(pcm, 48_000, 16_000), 16_000))
+    expected = words(response["text"])
+    assert len([w for w in expected if w not in heard]) <= 1, heard
+    box = live_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
+    assert box is not None
+    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
+    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
+    sync = av_offset(vt, mouth_motion([v for _, _, v in video], box), at, pcm)
+    assert sync.correlation >= 0.5 and abs(sync.offset_ms) <= 40, sync
+
+
+async def test_barge_in_silences_the_reply(live_server: LiveServer) -> None:
+    client, mic = await _connected(live_server.url)
+    try:
+        # A long question makes a long echo answer to interrupt.
+        long_question = await speech_pcm(
+            "Please tell me everything you know about the history of the city of Paris, "
+            "its bridges, its museums and its famous tower."
+        )
+        mic.play(long_question)
+        await client.wait_event(lambda e: e == {"type": "state", "state": "speaking"}, 20)
+        await asyncio.sleep(1.0)
+        audio_start = len(client.received.audio)
+        interruption = await speech_pcm("Stop, stop, wait a moment please.")
+        onset, _ = voiced_span(interruption, 48_000)
+        handle = mic.play(interruption)
+        await client.wait_event(lambda e: e == {"type": "state", "state": "listening"}, 10)
+        await asyncio.sleep(1.0)
+        audio = client.received.audio[audio_start:]
+    finally:
+        await client.close()
+
+    speech_onset = mic.sent_at(handle, onset)
+    assert speech_onset is not None
+    loud = loud_frames([p for _, _, p in audio])
+    arrivals = np.asarray([a for a, _, _ in audio])
+    assert loud[arrivals < speech_onset].any(), "the avatar was not speaking before the barge-in"
+    # The reply falls silent: the first loud frame after the onset that 300 ms of silence
+    # follows. (The interruption is itself a turn, answered a second or so later.)
+    stop = None
+    for i in np.flatnonzero(arrivals >= speech_onset):
+        window = (arrivals > arrivals[i]) & (arrivals <= arrivals[i] + 0.3)
+        if not loud[window].any() and window.sum() >= 12:
+            stop = arrivals[i]
+            break
+    assert stop is not None, "the reply did not stop"
+    cut_ms = (stop - speech_onset) * 1000
+    print(f"barge-in: reply audio silent {cut_ms:.0f} ms after the caller's speech onset")
+    assert cut_ms <= 400

@@ -1,0 +1,356 @@
+"""Local HTTP servers that speak the cloud vendors' wire protocols, with scriptable failures.
+
+One :class:`VendorServer` on 127.0.0.1 serves OpenAI's chat completions (SSE), audio
+transcriptions (multipart in, JSON out) and audio speech (raw 24 kHz PCM, chunked), and
+ElevenLabs' streaming text-to-speech (raw PCM at the requested rate). Unless a test scripted
+something else, each route answers like the vendor does on success, and a wrong key gets the
+vendor's 401. Every request is recorded, with the TCP peer it came on, so tests can assert
+paths, headers, bodies and connection reuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import defaultdict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+OPENAI_KEY = "sk-test-openai-0123456789"
+ELEVENLABS_KEY = "xi-test-elevenlabs-0123456789"
+
+CHAT = "chat"
+TRANSCRIPTIONS = "transcriptions"
+SPEECH = "speech"
+ELEVENLABS = "elevenlabs"
+
+
+@dataclass
+class Recorded:
+    """One request as the server saw it."""
+
+    route: str
+    method: str
+    path: str
+    raw_path: str
+    """As sent, percent-escapes kept."""
+    query: dict[str, str]
+    headers: dict[str, str]
+    peer: tuple[str, int]
+    json: Any = None
+    form: dict[str, Any] = field(default_factory=dict)
+    """Multipart fields; the file as ``{"filename", "content_type", "data"}``."""
+
+
+@dataclass
+class Reply:
+    """One scripted answer. Fields left alone give the route's normal success."""
+
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+    """The whole body, sent with a Content-Length; replaces the route's normal body."""
+    content_type: str | None = None
+    pieces: Sequence[bytes] | None = None
+    """The body as chunked-encoding pieces, each written (and flushed) on its own."""
+    delay_s: float = 0.0
+    """Before the status line."""
+    gate: asyncio.Event | None = None
+    """After the first piece, wait for this before sending the rest."""
+    stall_s: float = 0.0
+    """After the first piece, go quiet this long."""
+    pace_s: float | None = None
+    """Between pieces; None paces the route's normal body like a vendor generating it."""
+    disconnect: bool = False
+    """Drop the connection after the pieces instead of ending the body properly."""
+    endless: bool = False
+    """After the pieces, keep streaming filler until the client hangs up."""
+
+
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    type_: str = "server_error",
+    code: str | None = None,
+    **headers: str,
+) -> Reply:
+    """An error the way api.openai.com sends it."""
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return Reply(status=status, body=json.dumps(body).encode(), headers=_headers(headers))
+
+
+def elevenlabs_error(status: int, message: str, *, code: str = "error", **headers: str) -> Reply:
+    """An error the way api.elevenlabs.io sends it."""
+    body = {"detail": {"status": code, "message": message}}
+    return Reply(status=status, body=json.dumps(body).encode(), headers=_headers(headers))
+
+
+def _headers(kwargs: Mapping[str, str]) -> dict[str, str]:
+    return {name.replace("_", "-"): value for name, value in kwargs.items()}
+
+
+def chat_chunk(
+    content: str | None = None, *, finish: str | None = None, role: bool = False
+) -> dict[str, Any]:
+    """A ``chat.completion.chunk`` as OpenAI streams it."""
+    delta: dict[str, Any] = {}
+    if role:
+        delta["role"] = "assistant"
+    if content is not None:
+        delta["content"] = content
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": "gpt-4o-mini",
+        "system_fingerprint": "fp_test",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {data}\n\n".encode()
+
+
+def chat_stream(deltas: Sequence[str]) -> list[bytes]:
+    """OpenAI's event stream for a reply: a role chunk, one per delta, a finish chunk, [DONE]."""
+    return [
+        sse(chat_chunk("", role=True)),
+        *(sse(chat_chunk(d)) for d in deltas),
+        sse(chat_chunk(finish="stop")),
+        sse("[DONE]"),
+    ]
+
+
+def tone(seconds: float, sample_rate: int) -> bytes:
+    """A 220 Hz s16le tone: recognisable samples, so tests can compare what came through."""
+    t = np.arange(round(seconds * sample_rate)) / sample_rate
+    return (np.sin(2 * math.pi * 220 * t) * 8000).astype("<i2").tobytes()
+
+
+def split(data: bytes, sizes: Sequence[int]) -> list[bytes]:
+    """``data`` cut into pieces of the given sizes, cycling; odd sizes split samples."""
+    pieces, i, k = [], 0, 0
+    while i < len(data):
+        pieces.append(data[i : i + sizes[k % len(sizes)]])
+        i += sizes[k % len(sizes)]
+        k += 1
+    return pieces
+
+
+class VendorServer:
+    """OpenAI and ElevenLabs on one local port; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        reply_deltas: Sequence[str] = ("Hello", " there", "! How", " can I", " help?"),
+        transcript: str = "what's the weather like",
+        speech_seconds: float = 0.5,
+    ) -> None:
+        self.reply_deltas = list(reply_deltas)
+        self.transcript = transcript
+        self.speech_seconds = speech_seconds
+        self.requests: list[Recorded] = []
+        self.hangups = 0
+        self.violations: list[str] = []
+        self.hung_up = asyncio.Event()
+        self._scripts: defaultdict[str, deque[Reply]] = defaultdict(deque)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    @property
+    def openai_base(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def elevenlabs_base(self) -> str:
+        return self.url
+
+    def script(self, route: str, *replies: Reply) -> None:
+        """Answer the next requests on ``route`` with ``replies``, in order, then normally."""
+        self._scripts[route].extend(replies)
+
+    def seen(self, route: str) -> list[Recorded]:
+        return [r for r in self.requests if r.route == route]
+
+    @property
+    def connections(self) -> int:
+        """Distinct TCP connections that carried requests."""
+        return len({r.peer for r in self.requests})
+
+    async def start(self) -> VendorServer:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
+        app.router.add_post("/v1/audio/speech", self._speech)
+        app.router.add_post("/v1/text-to-speech/{voice_id}/stream", self._elevenlabs)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def __aenter__(self) -> VendorServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- routes -------------------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self._record(CHAT, request, json_body=body)
+        if request.headers.get("Authorization") != f"Bearer {OPENAI_KEY}":
+            return await self._send(request, _openai_401(), [], "")
+        if body.get("stream") is not True or not isinstance(body.get("messages"), list):
+            return self._violation(f"chat body must stream messages: {body}")
+        return await self._send(
+            request, self._next(CHAT), chat_stream(self.reply_deltas), "text/event-stream"
+        )
+
+    async def _transcriptions(self, request: web.Request) -> web.StreamResponse:
+        form: dict[str, Any] = {}
+        for name, value in (await request.post()).items():
+            if isinstance(value, web.FileField):
+                with value.file:
+                    data = value.file.read()
+                form[name] = {
+                    "filename": value.filename,
+                    "content_type": value.content_type,
+                    "data": data,
+                }
+            else:
+                form[name] = value
+        self._record(TRANSCRIPTIONS, request, form=form)
+        if request.headers.get("Authorization") != f"Bearer {OPENAI_KEY}":
+            return await self._send(request, _openai_401(), [], "")
+        if "model" not in form or form.get("file", {}).get("data", b"")[:4] != b"RIFF":
+            return self._violation(f"transcription form needs a model and a WAV file: {form}")
+        body = json.dumps({"text": self.transcript}).encode()
+        return await self._send(request, self._next(TRANSCRIPTIONS), [body], "application/json")
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self._record(SPEECH, request, json_body=body)
+        if request.headers.get("Authorization") != f"Bearer {OPENAI_KEY}":
+            return await self._send(request, _openai_401(), [], "")
+        if body.get("response_format") != "pcm" or not body.get("input"):
+            return self._violation(f"speech body must ask for pcm: {body}")
+        pcm = split(tone(self.speech_seconds, 24_000), [1001, 999, 4096, 3])
+        return await self._send(request, self._next(SPEECH), pcm, "application/octet-stream")
+
+    async def _elevenlabs(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self._record(ELEVENLABS, request, json_body=body)
+        if request.headers.get("xi-api-key") != ELEVENLABS_KEY:
+            reply = elevenlabs_error(401, "Invalid API key", code="invalid_api_key")
+            return await self._send(request, reply, [], "")
+        output_format = request.query.get("output_format", "mp3_44100_128")
+        if not output_format.startswith("pcm_") or not body.get("text"):
+            return self._violation(f"expected text and a pcm_ output_format: {request.query}")
+        pcm = split(tone(self.speech_seconds, int(output_format[4:])), [1001, 999, 4096, 3])
+        return await self._send(request, self._next(ELEVENLABS), pcm, "audio/pcm")
+
+    # --- machinery ----------------------------------------------------------------------------
+
+    def _next(self, route: str) -> Reply:
+        script = self._scripts[route]
+        return script.popleft() if script else Reply()
+
+    def _record(
+        self,
+        route: str,
+        request: web.Request,
+        *,
+        json_body: Any = None,
+        form: dict[str, Any] | None = None,
+    ) -> None:
+        assert request.transport is not None
+        self.requests.append(
+            Recorded(
+                route=route,
+                method=request.method,
+                path=request.path,
+                raw_path=request.rel_url.raw_path,
+                query=dict(request.query),
+                headers=dict(request.headers),
+                peer=request.transport.get_extra_info("peername"),
+                json=json_body,
+                form=form or {},
+            )
+        )
+
+    async def _send(
+        self, request: web.Request, reply: Reply, pieces: list[bytes], content_type: str
+    ) -> web.StreamResponse:
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        if reply.body is not None:
+            whole = web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+            whole.content_type = reply.content_type or "application/json"
+            return whole
+        response = web.StreamResponse(status=reply.status, headers=reply.headers)
+        response.content_type = reply.content_type or content_type
+        await response.prepare(request)
+        pace_s = reply.pace_s if reply.pace_s is not None else 0.0 if reply.pieces else 0.001
+        pieces = list(reply.pieces if reply.pieces is not None else pieces)
+        try:
+            for i, piece in enumerate(pieces):
+                await response.write(piece)
+                if i == 0 and reply.gate is not None:
+                    await reply.gate.wait()
+                if i == 0 and reply.stall_s:
+                    await asyncio.sleep(reply.stall_s)
+                elif pace_s:
+                    await asyncio.sleep(pace_s)
+            while reply.endless:
+                await asyncio.sleep(0.005)
+                sse_stream = response.content_type == "text/event-stream"
+                await response.write(b": keep-alive\n\n" if sse_stream else b"\0" * 480)
+        except ConnectionError:
+            self._hang_up()
+            return response
+        except asyncio.CancelledError:
+            # handler_cancellation: the client closed the connection while we waited.
+            self._hang_up()
+            raise
+        if reply.disconnect:
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        await response.write_eof()
+        return response
+
+    def _violation(self, message: str) -> web.Response:
+        """A request the real vendor would reject: a 422 here, and a failure at teardown."""
+        self.violations.append(message)
+        return web.json_response({"detail": message}, status=422)
+
+    def _hang_up(self) -> None:
+        self.hangups += 1
+        self.hung_up.set()
+
+
+def _openai_401() -> Reply:
+    return openai_error(
+        401,
+        "Incorrect API key provided: sk-wrong. You can find your API key at "
+        "https://platform.openai.com/account/api-keys.",
+        type_="invalid_request_error",
+        code="invalid_api_key",
+    )
