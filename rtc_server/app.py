@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -19,9 +20,10 @@ from rtc_server.engines import EngineFactory, load_engine_factory
 from rtc_server.ice import restrict_host_addresses, rtc_configuration
 from rtc_server.media.h264 import TunedH264Encoder, use_tuned_encoder
 from rtc_server.metrics import Metrics
-from rtc_server.providers.registry import load_local
-from rtc_server.session import AvatarSession, Providers
-from rtc_server.vad import SileroModel
+from rtc_server.providers.registry import Choice, load_providers
+from rtc_server.session import AvatarSession, ListenSettings, Providers
+from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
+from rtc_server.vad import SileroModel, VADParams
 from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
 from signaling.http import add_routes
 from signaling.messages import Answer, Offer, SayRequest
@@ -46,18 +48,31 @@ class SessionManager:
         self.sessions: dict[str, AvatarSession] = {}
         self.engine_factory: EngineFactory | None = None
         self.providers: Providers | None = None
+        self.choices: tuple[Choice, ...] = ()
+        self.settings = ListenSettings(
+            vad=VADParams(hangover_ms=config.vad_hangover_ms),
+            system_prompt=config.system_prompt or DEFAULT_SYSTEM_PROMPT,
+            barge_in=config.barge_in,
+        )
         self._pending = 0
 
     @property
     def ready(self) -> bool:
         return self.engine_factory is not None and self.providers is not None
 
-    async def load(self, engine_loader: Callable[[], EngineFactory]) -> None:
+    async def load(
+        self, engine_loader: Callable[[], EngineFactory], http: aiohttp.ClientSession
+    ) -> None:
         loop = asyncio.get_running_loop()
-        stt, llm, tts, _ = await loop.run_in_executor(self.executor, load_local, self.executor)
+        chosen = await loop.run_in_executor(
+            self.executor, load_providers, self.config, http, self.executor
+        )
         vad = await loop.run_in_executor(self.executor, SileroModel)
         self.engine_factory = await loop.run_in_executor(self.executor, engine_loader)
-        self.providers = Providers(tts=tts, llm=llm, stt=stt, vad=vad, fallback_tts=tts)
+        self.choices = chosen.choices
+        self.providers = Providers(
+            tts=chosen.tts, llm=chosen.llm, stt=chosen.stt, vad=vad, fallback_tts=chosen.local_tts
+        )
         logger.info("ready: engine %s", self.engine_factory.name)
 
     async def create_session(self, offer: Offer) -> Answer:
@@ -89,6 +104,7 @@ class SessionManager:
             pc,
             engine,
             self.providers,
+            settings=self.settings,
             metrics=self.metrics,
             executor=self.executor,
             on_closed=self._forget,
@@ -163,7 +179,9 @@ def create_app(
     loader = engine_loader or (lambda: load_engine_factory(config))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        loading = asyncio.ensure_future(manager.load(loader))
+        # One connection pool for every cloud provider request of every call.
+        http = aiohttp.ClientSession()
+        loading = asyncio.ensure_future(manager.load(loader, http))
         app[LOADING] = loading
         yield
         loading.cancel()
@@ -172,6 +190,7 @@ def create_app(
         except (asyncio.CancelledError, Exception):
             pass
         await manager.close_all()
+        await http.close()
         executor.shutdown(wait=True, cancel_futures=True)
 
     app.cleanup_ctx.append(lifecycle)

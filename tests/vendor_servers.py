@@ -179,6 +179,10 @@ class VendorServer:
         """Answer the next requests on ``route`` with ``replies``, in order, then normally."""
         self._scripts[route].extend(replies)
 
+    def unscript(self, route: str) -> None:
+        """Drop the replies still scripted for ``route``: it answers normally again."""
+        self._scripts[route].clear()
+
     def seen(self, route: str) -> list[Recorded]:
         return [r for r in self.requests if r.route == route]
 

@@ -131,7 +131,13 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
 
 def vendor_detail(body: bytes) -> tuple[str, str | None]:
     """(message, machine code) from an error body in OpenAI's, ElevenLabs' or FastAPI's shape."""
-    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        text = body.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        # e.g. audio sent with an error status: no use in a message shown to people.
+        return f"{len(body)} bytes of non-text data", None
+    if any(c < " " and c not in "\t\r\n" for c in text):
+        return f"{len(body)} bytes of non-text data", None
     try:
         data = json.loads(text)
     except ValueError:

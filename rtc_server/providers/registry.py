@@ -1,4 +1,9 @@
-"""Which STT, LLM and TTS a server uses, and why: chosen once at start-up, logged."""
+"""Which STT, LLM and TTS a server uses, and why: chosen once at start-up and logged.
+
+``auto`` takes a cloud provider when its key is in the environment, else the offline default
+(faster-whisper tiny.en, the echo LLM, Piper). The local voice is loaded in every case: it
+speaks the apology when a cloud TTS fails.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,11 @@ import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+import aiohttp
+
+from rtc_server.config import ServerConfig
 from rtc_server.providers.base import LLM, STT, TTS
+from rtc_server.providers.http import ELEVENLABS_BASE_URL, OPENAI_BASE_URL, HTTPPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -18,25 +27,119 @@ class Choice:
     reason: str
 
 
-def load_local(executor: Executor | None) -> tuple[STT | None, LLM, TTS, list[Choice]]:
-    """The offline defaults: faster-whisper tiny.en, the echo LLM, Piper."""
-    from rtc_server.providers.echo_llm import EchoLLM
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    stt: STT | None
+    llm: LLM
+    tts: TTS
+    local_tts: TTS
+    choices: tuple[Choice, ...]
+
+
+def _pick(slot: str, wanted: str, cloud: list[tuple[str, bool, str]], local: str) -> Choice:
+    """``cloud``: (name, usable, why) in order of preference."""
+    if wanted != "auto":
+        return Choice(slot, wanted, "asked for")
+    for name, usable, why in cloud:
+        if usable:
+            return Choice(slot, name, f"auto: {why}")
+    return Choice(slot, local, "auto: no cloud key in the environment, offline default")
+
+
+def choose(config: ServerConfig) -> tuple[Choice, Choice, Choice]:
+    openai_key = bool(config.openai_api_key)
+    stt = _pick("stt", config.stt, [("openai", openai_key, "OPENAI_API_KEY is set")], "local")
+    llm = _pick(
+        "llm",
+        config.llm,
+        [
+            (
+                "openai",
+                openai_key or bool(config.openai_base_url),
+                "an OpenAI key or base URL is set",
+            )
+        ],
+        "echo",
+    )
+    tts = _pick(
+        "tts",
+        config.tts,
+        [
+            ("elevenlabs", bool(config.elevenlabs_api_key), "ELEVENLABS_API_KEY is set"),
+            ("openai", openai_key, "OPENAI_API_KEY is set"),
+        ],
+        "piper",
+    )
+    return stt, llm, tts
+
+
+def load_providers(
+    config: ServerConfig, http: aiohttp.ClientSession, executor: Executor | None
+) -> Chosen:
+    """Build the chosen providers; blocking (model loads), so run it off the event loop."""
     from rtc_server.providers.piper_tts import PiperTTS
 
-    choices = []
-    tts = PiperTTS.load(executor)
-    choices.append(Choice("tts", tts.name, "offline default"))
-    stt: STT | None
-    try:
-        from rtc_server.providers.whisper_stt import WhisperSTT
+    stt_choice, llm_choice, tts_choice = choose(config)
+    key = config.openai_api_key or ""
+    base = config.openai_base_url or OPENAI_BASE_URL
+    local_tts = PiperTTS.load(executor)
+    policy = HTTPPolicy(
+        max_attempts=config.provider_attempts, backoff_initial_s=config.provider_backoff_s
+    )
 
-        stt = WhisperSTT.load(executor)
-        choices.append(Choice("stt", stt.name, "offline default"))
-    except RuntimeError as exc:
-        stt = None
-        choices.append(Choice("stt", "none", str(exc)))
-    llm = EchoLLM()
-    choices.append(Choice("llm", llm.name, "offline default"))
+    stt: STT | None
+    if stt_choice.name == "openai":
+        from rtc_server.providers.openai_stt import OpenAISTT
+
+        stt = OpenAISTT(http, api_key=key, base_url=base, policy=policy)
+    else:
+        try:
+            from rtc_server.providers.whisper_stt import WhisperSTT
+
+            stt = WhisperSTT.load(executor)
+        except RuntimeError as exc:
+            stt = None
+            stt_choice = Choice("stt", "none", f"{exc}; calls take typed turns only")
+
+    llm: LLM
+    if llm_choice.name == "openai":
+        from rtc_server.providers.openai_llm import OpenAILLM
+
+        llm = OpenAILLM(
+            http,
+            api_key=key,
+            base_url=base,
+            model=config.llm_model,
+            max_tokens=config.max_tokens,
+            system_prompt="",
+            policy=policy,
+        )
+    else:
+        from rtc_server.providers.echo_llm import EchoLLM
+
+        llm = EchoLLM()
+
+    tts: TTS
+    if tts_choice.name == "elevenlabs":
+        from rtc_server.providers.elevenlabs_tts import DEFAULT_VOICE_ID, ElevenLabsTTS
+
+        tts = ElevenLabsTTS(
+            http,
+            api_key=config.elevenlabs_api_key or "",
+            base_url=config.elevenlabs_base_url or ELEVENLABS_BASE_URL,
+            voice_id=config.elevenlabs_voice or DEFAULT_VOICE_ID,
+            policy=policy,
+        )
+    elif tts_choice.name == "openai":
+        from rtc_server.providers.openai_tts import OpenAITTS
+
+        tts = OpenAITTS(
+            http, api_key=key, base_url=base, voice=config.openai_tts_voice, policy=policy
+        )
+    else:
+        tts = local_tts
+
+    choices = (stt_choice, llm_choice, tts_choice)
     for c in choices:
         logger.info("%s: %s (%s)", c.slot, c.name, c.reason)
-    return stt, llm, tts, choices
+    return Chosen(stt, llm, tts, local_tts, choices)

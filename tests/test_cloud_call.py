@@ -1,0 +1,114 @@
+"""A call whose LLM and TTS are cloud providers, served by local vendor stand-ins.
+
+The call must never die of a provider: a failure becomes an ``error`` event and a spoken
+apology in the local voice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.client import CallClient
+from rtc_server.engines import EngineFactory
+from tests.conftest import LiveServer, start_server
+from tests.vendor_servers import CHAT, ELEVENLABS, ELEVENLABS_KEY, OPENAI_KEY, Reply, VendorServer
+
+
+@pytest.fixture
+async def vendor() -> AsyncIterator[VendorServer]:
+    async with VendorServer(speech_seconds=1.0) as server:
+        yield server
+
+
+@pytest.fixture
+async def cloud_server(
+    engine_factory: EngineFactory, cache_dir: Path, vendor: VendorServer
+) -> AsyncIterator[LiveServer]:
+    server, runner = await start_server(
+        engine_factory,
+        cache_dir,
+        llm="openai",
+        tts="elevenlabs",
+        stt="local",
+        openai_api_key=OPENAI_KEY,
+        openai_base_url=vendor.openai_base,
+        elevenlabs_api_key=ELEVENLABS_KEY,
+        elevenlabs_base_url=vendor.elevenlabs_base,
+        # Quick retries, so the test does not sit through production backoff.
+        provider_attempts=2,
+        provider_backoff_s=0.01,
+    )
+    try:
+        yield server
+    finally:
+        await runner.cleanup()
+
+
+async def _call(server: LiveServer) -> CallClient:
+    client = CallClient(server.url)
+    await client.connect()
+    await client.wait_channel_open()
+    await client.wait_state("listening", 5)
+    return client
+
+
+async def test_typed_turn_through_cloud_llm_and_tts(
+    cloud_server: LiveServer, vendor: VendorServer
+) -> None:
+    assert [c.name for c in cloud_server.manager.choices] == ["local", "openai", "elevenlabs"]
+    client = await _call(cloud_server)
+    try:
+        client.channel.send('{"type": "text", "text": "hello avatar"}')
+        first = await client.wait_event(lambda e: e.get("type") == "response", 10)
+        second = await client.wait_event(lambda e: e.get("type") == "response", 10)
+        assert [first["text"], second["text"]] == ["Hello there!", "How can I help?"]
+        await client.wait_state("speaking", 10)
+        turn = await client.wait_event(lambda e: e.get("type") == "turn", 20)
+        assert turn["metrics"]["first_audio_out_ms"] > 0
+    finally:
+        await client.close()
+    chat = vendor.seen(CHAT)[0].json
+    assert chat["messages"][0]["role"] == "system"
+    assert chat["messages"][-1] == {"role": "user", "content": "hello avatar"}
+    assert len(vendor.seen(ELEVENLABS)) == 2  # one request per sentence
+
+
+async def test_llm_rejecting_the_key_gets_an_error_and_an_apology(
+    cloud_server: LiveServer, vendor: VendorServer
+) -> None:
+    vendor.script(CHAT, Reply(status=401))
+    client = await _call(cloud_server)
+    try:
+        client.channel.send('{"type": "text", "text": "hello"}')
+        error = await client.wait_event(lambda e: e.get("type") == "error", 10)
+        assert error["code"] == "unauthorized"
+        # The apology is spoken in the local voice even though ElevenLabs is the TTS.
+        await client.wait_state("speaking", 10)
+        await client.wait_state("listening", 15)
+    finally:
+        await client.close()
+    assert len(vendor.seen(CHAT)) == 1  # a rejected key is not retried
+    assert vendor.seen(ELEVENLABS) == []
+
+
+async def test_tts_failing_after_retries_degrades_to_the_local_voice(
+    cloud_server: LiveServer, vendor: VendorServer
+) -> None:
+    vendor.script(ELEVENLABS, *[Reply(status=503) for _ in range(10)])
+    client = await _call(cloud_server)
+    try:
+        client.channel.send('{"type": "text", "text": "hello"}')
+        error = await client.wait_event(lambda e: e.get("type") == "error", 10)
+        assert error["code"] == "server_error"
+        await client.wait_state("speaking", 10)
+        await client.wait_state("listening", 15)
+        # The call goes on: the next turn works once the vendor recovers.
+        vendor.unscript(ELEVENLABS)
+        client.channel.send('{"type": "say", "text": "Back again."}')
+        await client.wait_state("speaking", 10)
+    finally:
+        await client.close()
+    assert len(vendor.seen(ELEVENLABS)) >= 2  # retried before giving up
