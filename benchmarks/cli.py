@@ -79,6 +79,34 @@ def _call(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return {"says": args.says, "url": args.url}, r
 
 
+def _latency(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import latency
+
+    r = latency.run(args.turns, args.calls, args.barge_ins, args.url)
+    rows = [
+        [
+            "client: end of speech -> first reply audio",
+            r["client_first_audio_ms"].get("p50", float("nan")),
+            r["client_first_audio_ms"].get("p95", float("nan")),
+            r["client_first_audio_ms"]["n"],
+        ]
+    ]
+    for stage, s in r["server_stages_ms"].items():
+        rows.append([f"server: {stage}", s["p50"], s["p95"], s["n"]])
+    if r["barge_in_ms"]["n"]:
+        rows.append(
+            [
+                "barge-in: speech onset -> reply silent",
+                r["barge_in_ms"]["p50"],
+                r["barge_in_ms"]["p95"],
+                r["barge_in_ms"]["n"],
+            ]
+        )
+    print(f"{r['calls']} call(s), {r['turns']} turns")
+    print(table(["measure (ms)", "p50", "p95", "n"], rows))
+    return {"turns": args.turns, "calls": args.calls, "barge_ins": args.barge_ins}, r
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="avatar-rtc bench", description=__doc__)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -90,14 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("call", help="a call from an aiortc client: fps, intervals, lip-sync")
     cal.add_argument("--says", type=int, default=5)
     cal.add_argument("--url", default=None, help="a running server (default: in-process)")
-    for p in (enc, eng, cal):
+    lat = sub.add_parser("latency", help="spoken questions: time to first reply audio")
+    lat.add_argument("--turns", type=int, default=10, help="turns per call")
+    lat.add_argument("--calls", type=int, default=1, help="calls talking at once")
+    lat.add_argument("--barge-ins", type=int, default=0, help="barge-in rounds after the turns")
+    lat.add_argument("--url", default=None, help="a running server (default: in-process)")
+    for p in (enc, eng, cal, lat):
         p.add_argument("--json", type=Path, default=None, help="write results here")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    runner = {"encode": _encode, "engine": _engine, "call": _call}[args.bench]
+    runner = {"encode": _encode, "engine": _engine, "call": _call, "latency": _latency}[args.bench]
     settings, results = runner(args)
     if args.json is not None:
         write_json(args.json, args.bench, settings, results)

@@ -7,6 +7,9 @@ import re
 # A sentence ends at . ! ? (or …) followed by white space, unless the word is a common
 # abbreviation or a single initial ("Dr. Smith", "J. R. R."), or a number goes on ("3.14").
 _END = re.compile(r"[.!?…]+[\"')\]]*\s+")
+# The first piece of a reply may also end at a clause: the caller hears the answer begin
+# while the rest of the sentence is still being synthesized.
+_CLAUSE = re.compile(r"[,;:]\s+")
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof sr jr st vs etc e.g i.e approx no fig inc ltd co".split()
 )
@@ -15,16 +18,28 @@ _ABBREVIATIONS = frozenset(
 class SentenceSplitter:
     """Feed text deltas; get back every sentence they complete. ``flush`` gives the rest."""
 
-    def __init__(self, *, min_chars: int = 12) -> None:
+    def __init__(self, *, min_chars: int = 12, first_clause_chars: int | None = 8) -> None:
         self._buffer = ""
         self._min_chars = min_chars
         """Shorter pieces ("Yes." "Hi!") wait for the next sentence: one TTS call is cheaper."""
+        self._first_clause_chars = first_clause_chars
+        """None: never cut at a clause. Else the first piece may end at , ; : when this long."""
+        self._first = True
 
     def feed(self, delta: str) -> list[str]:
         self._buffer += delta
-        sentences: list[str] = []
+        pieces: list[str] = []
         start = 0
-        for match in _END.finditer(self._buffer):
+        if self._first and self._first_clause_chars is not None:
+            clause = _CLAUSE.search(self._buffer)
+            end = _END.search(self._buffer)
+            if clause and (end is None or clause.start() < end.start()):
+                candidate = self._buffer[: clause.end()].strip()
+                if len(candidate) >= self._first_clause_chars:
+                    pieces.append(candidate)
+                    start = clause.end()
+                    self._first = False
+        for match in _END.finditer(self._buffer, start):
             candidate = self._buffer[start : match.end()].strip()
             last_word = candidate.rstrip(".!?…\"')]").rsplit(maxsplit=1)[-1:] or [""]
             word = last_word[0].lower()
@@ -32,11 +47,13 @@ class SentenceSplitter:
                 continue
             if len(candidate) < self._min_chars:
                 continue
-            sentences.append(candidate)
+            pieces.append(candidate)
             start = match.end()
+            self._first = False
         self._buffer = self._buffer[start:]
-        return sentences
+        return pieces
 
     def flush(self) -> str:
         rest, self._buffer = self._buffer.strip(), ""
+        self._first = True
         return rest

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import av
+import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
@@ -27,7 +28,16 @@ from rtc_server.sentences import SentenceSplitter
 from rtc_server.speech import SpeechOutput, Utterance
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT, Conversation, TurnTimer
 from rtc_server.vad import SAMPLE_RATE as VAD_RATE
-from rtc_server.vad import SileroModel, SpeechEnd, SpeechStart, VADEvent, VADParams, VADStream
+from rtc_server.vad import (
+    SileroModel,
+    SpeechEnd,
+    SpeechPause,
+    SpeechResume,
+    SpeechStart,
+    VADEvent,
+    VADParams,
+    VADStream,
+)
 from signaling.errors import SignalingError
 from signaling.messages import parse_client_event
 
@@ -82,6 +92,7 @@ class AvatarSession:
         self.audio_track = AvatarAudioTrack(self.clock, self.scheduler)
         self.video_track = AvatarVideoTrack(self.clock, self.scheduler)
         self.speech = SpeechOutput(engine, executor)
+        self.speech.on_speech_queued = self.scheduler.flush_idle
         self.conversation = Conversation(self.settings.system_prompt, self.settings.history_chars)
         self.channel: RTCDataChannel | None = None
         self.state = "listening"
@@ -95,6 +106,7 @@ class AvatarSession:
         self._speaking: set[asyncio.Task[Any]] = set()
         """Tasks producing speech (says and replies): barge-in cancels them all."""
         self._turn: asyncio.Task[None] | None = None
+        self._early_transcript: asyncio.Task[str] | None = None
         self._closed = False
         self._log = logging.LoggerAdapter(logger, {"session": self.id[:8]})
 
@@ -227,24 +239,44 @@ class AvatarSession:
             if self.settings.barge_in and self.state in ("speaking", "thinking"):
                 self._log.info("barge-in")
                 self.interrupt()
-            return
-        now = time.monotonic()
-        timer = TurnTimer(speech_end=now - (event.detected_at - event.at))
-        timer.vad_end_s = event.detected_at - event.at
-        self.interrupt()
-        self._start_turn(self._hear(event, timer))
+        elif isinstance(event, SpeechPause):
+            # Transcribe while the hang-over runs: if the caller stays quiet, the text is
+            # (nearly) ready when the turn ends, instead of only starting then.
+            self._drop_early_transcript()
+            self._early_transcript = self._spawn(self._transcribe(event.audio), "early-stt")
+        elif isinstance(event, SpeechResume):
+            self._drop_early_transcript()
+        else:
+            now = time.monotonic()
+            timer = TurnTimer(speech_end=now - (event.detected_at - event.at))
+            timer.vad_end_s = event.detected_at - event.at
+            early, self._early_transcript = self._early_transcript, None
+            self.interrupt()
+            self._start_turn(self._hear(event, timer, early))
+
+    def _drop_early_transcript(self) -> None:
+        if self._early_transcript is not None:
+            self._early_transcript.cancel()
+            self._early_transcript = None
+
+    async def _transcribe(self, audio: np.ndarray) -> str:
+        stt = self.providers.stt
+        assert stt is not None
+        return await stt.transcribe(audio, VAD_RATE)
 
     def _start_turn(self, coro: Awaitable[None]) -> None:
         self._turn = self._spawn(coro, "turn")
         self._speaking.add(self._turn)
 
-    async def _hear(self, event: SpeechEnd, timer: TurnTimer) -> None:
-        stt = self.providers.stt
-        assert stt is not None
+    async def _hear(
+        self, event: SpeechEnd, timer: TurnTimer, early: asyncio.Task[str] | None
+    ) -> None:
         self._set_state("thinking")
+        # stt_ms counts from the end of the turn: the share of transcription the hang-over
+        # did not already hide.
         timer.mark("stt_start")
         try:
-            text = await stt.transcribe(event.audio, VAD_RATE)
+            text = await (early if early is not None else self._transcribe(event.audio))
         except ProviderError as exc:
             self._log.warning("STT failed: %s", exc)
             self._error(exc.code, f"speech recognition failed: {exc.message}")

@@ -14,6 +14,8 @@ from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
 from rtc_server.media.resample import resample_int16
 from rtc_server.providers.base import TTS
@@ -81,6 +83,8 @@ class SpeechOutput:
         self._lock = asyncio.Lock()
         self._frame_samples = engine.sample_rate // engine.fps
         self._progress = asyncio.Event()
+        self.on_speech_queued: Callable[[], None] | None = None
+        """Called after each push of speech audio (the scheduler drops idle frames ahead)."""
 
     def on_unit(self, unit: AvatarFrame) -> None:
         """Count a presented speaking frame against its segment."""
@@ -114,7 +118,16 @@ class SpeechOutput:
                 self._segments[seg.segment_id] = seg
                 utterance.segments.append(seg)
                 async with contextlib.aclosing(tts.synthesize(text)) as chunks:
+                    first = True
                     async for chunk in chunks:
+                        if first:
+                            # TTS voices lead with up to a few hundred ms of silence: time
+                            # the caller would spend waiting for the answer to begin.
+                            chunk = AudioChunk(
+                                trim_leading_silence(chunk.pcm, chunk.sample_rate),
+                                chunk.sample_rate,
+                            )
+                            first = False
                         if on_tts_audio is not None:
                             on_tts_audio()
                             on_tts_audio = None
@@ -122,6 +135,8 @@ class SpeechOutput:
                             self._executor, resample_int16, chunk.pcm, chunk.sample_rate, rate
                         )
                         await self.engine.push_audio(AudioChunk(pcm, rate), seg.segment_id)
+                        if self.on_speech_queued is not None:
+                            self.on_speech_queued()
                         seg.samples += len(pcm)
                         if utterance.first_push_at is None:
                             utterance.first_push_at = time.monotonic()
@@ -139,3 +154,14 @@ class SpeechOutput:
         """Stop counting for ``utterance``; frames of its still in flight count as stale."""
         for seg in utterance.segments:
             self._segments.pop(seg.segment_id, None)
+
+
+def trim_leading_silence(
+    pcm: np.ndarray, sample_rate: int, *, level: float = 0.003, keep_s: float = 0.02
+) -> np.ndarray:
+    """Drop leading samples quieter than ``level`` (-50 dBFS), keeping ``keep_s`` before sound."""
+    loud = np.flatnonzero(np.abs(pcm) > level * 32768)
+    if loud.size == 0:
+        return pcm
+    start = max(0, int(loud[0]) - int(keep_s * sample_rate))
+    return pcm[start:]

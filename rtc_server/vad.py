@@ -119,7 +119,22 @@ class SpeechEnd:
     """int16 16 kHz: the utterance, pre-roll included."""
 
 
-VADEvent = SpeechStart | SpeechEnd
+@dataclass(frozen=True, slots=True)
+class SpeechPause:
+    """Speech stopped; the turn ends if the silence lasts the hang-over.
+
+    Carries the utterance so far, so a transcription can start while the hang-over runs.
+    """
+
+    audio: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechResume:
+    """Speech went on after a pause: the utterance is not over."""
+
+
+VADEvent = SpeechStart | SpeechPause | SpeechResume | SpeechEnd
 
 
 class VADStream:
@@ -211,12 +226,18 @@ class VADStream:
         if self.state is VADState.SPEAKING:
             if silence:
                 self.state = VADState.STOPPING
+                return SpeechPause(np.concatenate(self._utterance))
             return None
 
         # STOPPING
         if speech:
             self.state = VADState.SPEAKING
-            return None
+            return SpeechResume()
+        return self._maybe_end()
+
+    def _maybe_end(self) -> SpeechEnd | None:
+        p = self.params
+        ms = SAMPLE_RATE // 1000
         if self._samples - self._last_speech_end >= p.hangover_ms * ms:
             self.state = VADState.QUIET
             audio = np.concatenate(self._utterance)

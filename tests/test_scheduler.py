@@ -123,3 +123,15 @@ async def test_engine_failure_degrades_to_filler() -> None:
     # Filler repeats the last image rather than going black.
     assert np.array_equal(units[-1].image, units[2].image)
     await scheduler.aclose()
+
+
+async def test_flush_idle_lets_speech_overtake_filler() -> None:
+    engine = CountingEngine()
+    scheduler = AVScheduler(engine, lead_frames=3)
+    scheduler.start()
+    await _filled(scheduler, 3)  # three idle pairs rendered ahead
+    await engine.push_audio(AudioChunk(np.ones(1920 * 5, np.int16), 48_000), segment_id=0)
+    scheduler.flush_idle()
+    await _filled(scheduler, 3)
+    assert scheduler.unit(0).speaking
+    await scheduler.aclose()

@@ -6,7 +6,7 @@ from rtc_server.sentences import SentenceSplitter
 
 
 def _split(deltas: list[str]) -> list[str]:
-    splitter = SentenceSplitter()
+    splitter = SentenceSplitter(first_clause_chars=None)
     out = []
     for delta in deltas:
         out += splitter.feed(delta)
@@ -15,7 +15,7 @@ def _split(deltas: list[str]) -> list[str]:
 
 
 def test_sentences_come_out_as_soon_as_they_end() -> None:
-    splitter = SentenceSplitter()
+    splitter = SentenceSplitter(first_clause_chars=None)
     assert splitter.feed("Hello there, how") == []
     assert splitter.feed(" are you today? I am") == ["Hello there, how are you today?"]
     assert splitter.feed(" fine, thanks. ") == ["I am fine, thanks."]
@@ -46,3 +46,15 @@ def test_sentence_boundaries(text: str, expected: list[str]) -> None:
     tokens = [text[i : i + 3] for i in range(0, len(text), 3)]
     assert _split(tokens) == expected
     assert _split([text]) == expected
+
+
+def test_the_first_piece_may_end_at_a_clause() -> None:
+    splitter = SentenceSplitter(first_clause_chars=8)
+    assert splitter.feed("You said: what is") == ["You said:"]
+    assert splitter.feed(" the capital, of France? And then, more. ") == [
+        "what is the capital, of France?",
+        "And then, more.",
+    ]
+    # Too short a clause waits for the sentence.
+    splitter = SentenceSplitter(first_clause_chars=8)
+    assert splitter.feed("Yes, it is the one you want. ") == ["Yes, it is the one you want."]

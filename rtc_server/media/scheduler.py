@@ -53,6 +53,7 @@ class AVScheduler:
         self._ready: collections.deque[AvatarFrame] = collections.deque()
         self._space = asyncio.Event()
         self._generation = 0
+        self._idle_generation = 0
         self._units: dict[int, AvatarFrame] = {}
         self._next_unit = 0
         self._on_unit = on_unit
@@ -72,14 +73,17 @@ class AVScheduler:
                 while len(self._ready) >= self._lead:
                     self._space.clear()
                     await self._space.wait()
-                generation = self._generation
+                generation, idle_generation = self._generation, self._idle_generation
                 try:
                     frame = await anext(frames)
                 except StopAsyncIteration:
                     return
-                # A pair rendered from audio that clear() dropped while it was being made.
-                if generation == self._generation or not frame.speaking:
-                    self._ready.append(frame)
+                # A pair made before clear() (speech) or flush_idle() (filler) dropped its kind.
+                if frame.speaking and generation != self._generation:
+                    continue
+                if not frame.speaking and idle_generation != self._idle_generation:
+                    continue
+                self._ready.append(frame)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -135,6 +139,17 @@ class AVScheduler:
         self._space.set()
         for index in [i for i in self._units if i >= self._next_unit]:
             del self._units[index]
+
+    def flush_idle(self) -> None:
+        """Speech is coming: drop idle pairs rendered ahead, so it does not queue behind them.
+
+        Saves up to ``lead_frames`` frame periods on the reply's first frame.
+        """
+        self._idle_generation += 1
+        kept = [f for f in self._ready if f.speaking]
+        self._ready.clear()
+        self._ready.extend(kept)
+        self._space.set()
 
     async def aclose(self) -> None:
         if self._task is not None:

@@ -1,0 +1,140 @@
+"""``bench latency``: spoken questions into a call, time to the first reply audio; barge-in.
+
+Each caller is an in-process aiortc client whose microphone plays Piper-spoken questions in
+real time. Client figures are taken by packet arrival: the end of the caller's voiced audio
+(when that 20 ms frame went out) to the first loud reply frame that arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+
+from benchmarks.analysis import loud_frames, voiced_span
+from benchmarks.call import _server
+from benchmarks.client import CallClient, Microphone
+from benchmarks.clip import speech_pcm
+from benchmarks.report import summary
+
+QUESTIONS = (
+    "Hello.",
+    "What is the capital of France?",
+    "Can you tell me how the weather will be tomorrow morning?",
+    "I would like to know more about the history of this city and its old bridges.",
+)
+LONG_QUESTION = (
+    "Please tell me everything you know about the history of the city of Paris, its bridges, "
+    "its museums and its famous tower."
+)
+INTERRUPTION = "Stop, wait a moment please."
+
+
+async def _caller(url: str) -> tuple[CallClient, Microphone]:
+    mic = Microphone()
+    client = CallClient(url, microphone=mic)
+    await client.connect()
+    await client.wait_channel_open()
+    await client.wait_state("listening", timeout=10)
+    await asyncio.sleep(0.5)
+    return client, mic
+
+
+def _first_loud_after(client: CallClient, start: int, t: float) -> float | None:
+    audio = client.received.audio[start:]
+    loud = loud_frames([p for _, _, p in audio])
+    for (arrival, _, _), is_loud in zip(audio, loud, strict=True):
+        if is_loud and arrival > t:
+            return arrival
+    return None
+
+
+async def _turns(url: str, turns: int, pcms: list[np.ndarray], offset: int) -> list[dict[str, Any]]:
+    client, mic = await _caller(url)
+    results = []
+    try:
+        for i in range(turns):
+            pcm = pcms[(i + offset) % len(pcms)]
+            _, voiced_end = voiced_span(pcm, 48_000)
+            start = len(client.received.audio)
+            handle = mic.play(pcm)
+            turn = await client.wait_event(lambda e: e.get("type") == "turn", timeout=60)
+            await client.wait_state("listening", timeout=30)
+            speech_end = mic.sent_at(handle, voiced_end)
+            first = _first_loud_after(client, start, speech_end or 0.0)
+            client_ms = None if first is None or speech_end is None else (first - speech_end) * 1000
+            results.append({"client_first_audio_ms": client_ms, "server": turn["metrics"]})
+            await asyncio.sleep(0.5)
+    finally:
+        await client.close()
+    return results
+
+
+async def _barge_ins(url: str, count: int) -> list[float]:
+    client, mic = await _caller(url)
+    long_pcm = await speech_pcm(LONG_QUESTION)
+    stop_pcm = await speech_pcm(INTERRUPTION)
+    onset, _ = voiced_span(stop_pcm, 48_000)
+    cuts = []
+    try:
+        for _ in range(count):
+            mic.play(long_pcm)
+            await client.wait_event(lambda e: e == {"type": "state", "state": "speaking"}, 60)
+            await asyncio.sleep(1.0)
+            start = len(client.received.audio)
+            handle = mic.play(stop_pcm)
+            await client.wait_event(lambda e: e == {"type": "state", "state": "listening"}, 30)
+            await asyncio.sleep(0.6)
+            speech_onset = mic.sent_at(handle, onset)
+            audio = client.received.audio[start:]
+            loud = loud_frames([p for _, _, p in audio])
+            arrivals = np.asarray([a for a, _, _ in audio])
+            for i in np.flatnonzero(arrivals >= (speech_onset or 0.0)):
+                window = (arrivals > arrivals[i]) & (arrivals <= arrivals[i] + 0.3)
+                if not loud[window].any() and window.sum() >= 12:
+                    cuts.append((arrivals[i] - (speech_onset or 0.0)) * 1000)
+                    break
+            # Let the answer to the interruption play out before the next round.
+            await client.wait_event(lambda e: e.get("type") == "turn", 60)
+            await client.wait_event(lambda e: e.get("type") == "turn", 60)
+            await client.wait_state("listening", 30)
+    finally:
+        await client.close()
+    return cuts
+
+
+def _stage_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    names = sorted({k for r in results for k in r["server"]})
+    return {n: summary([r["server"][n] for r in results if n in r["server"]]) for n in names}
+
+
+async def _measure(turns: int, calls: int, barge_ins: int, url: str | None) -> dict[str, Any]:
+    runner = None
+    if url is None:
+        url, runner, _ = await _server()
+    try:
+        pcms = [await speech_pcm(q) for q in QUESTIONS]
+        started = time.monotonic()
+        per_call = await asyncio.gather(*(_turns(url, turns, pcms, c) for c in range(calls)))
+        results = [r for call in per_call for r in call]
+        cuts = await _barge_ins(url, barge_ins) if barge_ins else []
+        elapsed = time.monotonic() - started
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+    client = [r["client_first_audio_ms"] for r in results if r["client_first_audio_ms"] is not None]
+    return {
+        "calls": calls,
+        "turns": len(results),
+        "client_first_audio_ms": summary(client),
+        "server_stages_ms": _stage_table(results),
+        "barge_in_ms": summary(cuts),
+        "raw": {"turns": results, "barge_in_ms": cuts},
+        "elapsed_s": elapsed,
+    }
+
+
+def run(turns: int, calls: int = 1, barge_ins: int = 0, url: str | None = None) -> dict[str, Any]:
+    return asyncio.run(_measure(turns, calls, barge_ins, url))
