@@ -1,0 +1,75 @@
+"""The command line: flags, environment variables, clear errors for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from rtc_server.cli import build_parser, main
+from rtc_server.config import ServerConfig
+from rtc_server.providers.registry import choose
+
+
+def test_env_vars_fill_flags_and_flags_win() -> None:
+    env = {
+        "AVATAR_RTC_PORT": "9001",
+        "AVATAR_RTC_ICE_ADDRESS": "127.0.0.1",
+        "AVATAR_RTC_LLM": "echo",
+    }
+    args = build_parser(env).parse_args(["serve"])
+    assert args.port == 9001 and args.llm == "echo"
+    args = build_parser(env).parse_args(["serve", "--port", "9002"])
+    assert args.port == 9002
+
+
+def test_prepare_avatar_finds_the_face(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from skimage import data
+
+    portrait = tmp_path / "me.png"
+    cv2.imwrite(str(portrait), cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR))
+    assert main(["prepare-avatar", str(portrait), "--out", str(tmp_path / "cache")], {}) == 0
+    assert "mouth at" in capsys.readouterr().out
+    assert list((tmp_path / "cache").glob("*.npz"))
+
+
+@pytest.mark.parametrize("command", ["prepare-avatar", "serve"])
+def test_a_portrait_without_a_face_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    blank = tmp_path / "wall.png"
+    cv2.imwrite(str(blank), np.full((256, 256, 3), 200, np.uint8))
+    argv = (
+        [command, str(blank)]
+        if command == "prepare-avatar"
+        else ["serve", "--avatar", str(blank), "--cache-dir", str(tmp_path)]
+    )
+    assert main(argv, {}) == 2
+    err = capsys.readouterr().err
+    assert "no frontal face" in err
+
+
+def test_missing_portrait_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["prepare-avatar", str(tmp_path / "nope.jpg")], {}) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["serve", "--max-sessions", "0", "--cache-dir", str(tmp_path)], {}) == 2
+    assert "max_sessions" in capsys.readouterr().err
+    assert main(["serve", "--tts", "elevenlabs", "--cache-dir", str(tmp_path)], {}) == 2
+    assert "API key" in capsys.readouterr().err
+
+
+def test_auto_picks_cloud_only_with_keys() -> None:
+    offline = [c.name for c in choose(ServerConfig())]
+    assert offline == ["local", "echo", "piper"]
+    both = ServerConfig(openai_api_key="k", elevenlabs_api_key="x")
+    assert [c.name for c in choose(both)] == ["openai", "openai", "elevenlabs"]
+    assert all(c.reason.startswith("auto:") for c in choose(both))
+    local_llm = ServerConfig(openai_base_url="http://127.0.0.1:11434/v1")
+    assert [c.name for c in choose(local_llm)] == ["local", "openai", "piper"]
+    asked = ServerConfig(openai_api_key="k", stt="local", tts="piper")
+    assert [(c.name, c.reason) for c in choose(asked)][0] == ("local", "asked for")
