@@ -109,7 +109,7 @@ class SpeechStart:
     """Stream time (s) where speech began."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SpeechEnd:
     at: float
     """Stream time (s) where speech ended (before the hang-over)."""
@@ -119,7 +119,7 @@ class SpeechEnd:
     """int16 16 kHz: the utterance, pre-roll included."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SpeechPause:
     """Speech stopped; the turn ends if the silence lasts the hang-over.
 
@@ -229,8 +229,9 @@ class VADStream:
                 return SpeechPause(np.concatenate(self._utterance))
             return None
 
-        # STOPPING
-        if speech:
+        # STOPPING: anything but clear silence reopens the utterance, so a transcription
+        # started at the pause never misses a softly spoken ending.
+        if not silence:
             self.state = VADState.SPEAKING
             return SpeechResume()
         return self._maybe_end()

@@ -93,3 +93,23 @@ def test_params_are_validated() -> None:
         VADParams(threshold=0.3, neg_threshold=0.5)
     with pytest.raises(ValueError):
         VADParams(hangover_ms=-1)
+
+
+def test_pause_shorter_than_the_hangover_keeps_one_utterance(model: SileroModel) -> None:
+    from rtc_server.vad import SpeechPause, SpeechResume
+
+    first, second = _speech("What is the capital"), _speech("of France?")
+    track = np.concatenate(
+        [_noise(1, 0.003), first, _noise(0.25, 0.003, 1), second, _noise(1.5, 0.003, 2)]
+    )
+    events = VADStream(model, VADParams(hangover_ms=500)).feed(track)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "SpeechStart" and kinds[-1] == "SpeechEnd"
+    assert kinds.count("SpeechStart") == 1 and kinds.count("SpeechEnd") == 1
+    assert "SpeechResume" in kinds
+    # The last pause before the end carries all of the speech the end does.
+    last_pause = [e for e in events if isinstance(e, SpeechPause)][-1]
+    end = events[-1]
+    assert isinstance(end, SpeechEnd)
+    assert not any(isinstance(e, SpeechResume) for e in events[events.index(last_pause) :])
+    assert len(last_pause.audio) / RATE >= end.at - 1.0 - 0.2
