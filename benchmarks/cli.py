@@ -107,6 +107,29 @@ def _latency(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return {"turns": args.turns, "calls": args.calls, "barge_ins": args.barge_ins}, r
 
 
+def _vad(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import vad
+
+    r = vad.run(args.seconds)
+    c = r["cost_ms"]
+    print(
+        table(
+            ["chunks", "chunk ms", "cost ms p50", "p95", "max", "share of real time"],
+            [
+                [
+                    r["chunks"],
+                    r["chunk_ms"],
+                    c["p50"],
+                    c["p95"],
+                    c["max"],
+                    f"{r['real_time_share'] * 100:.2f} %",
+                ]
+            ],
+        )
+    )
+    return {"seconds": args.seconds}, r
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="avatar-rtc bench", description=__doc__)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -123,14 +146,22 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument("--calls", type=int, default=1, help="calls talking at once")
     lat.add_argument("--barge-ins", type=int, default=0, help="barge-in rounds after the turns")
     lat.add_argument("--url", default=None, help="a running server (default: in-process)")
-    for p in (enc, eng, cal, lat):
+    vad = sub.add_parser("vad", help="Silero VAD cost per 32 ms chunk")
+    vad.add_argument("--seconds", type=float, default=30.0)
+    for p in (enc, eng, cal, lat, vad):
         p.add_argument("--json", type=Path, default=None, help="write results here")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    runner = {"encode": _encode, "engine": _engine, "call": _call, "latency": _latency}[args.bench]
+    runner = {
+        "encode": _encode,
+        "engine": _engine,
+        "call": _call,
+        "latency": _latency,
+        "vad": _vad,
+    }[args.bench]
     settings, results = runner(args)
     if args.json is not None:
         write_json(args.json, args.bench, settings, results)

@@ -1,0 +1,53 @@
+"""Each bench subcommand runs small and writes its JSON document."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cli import main
+
+
+def _run(tmp_path: Path, *argv: str) -> dict:  # type: ignore[type-arg]
+    out = tmp_path / "out.json"
+    assert main([*argv, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == 1 and doc["benchmark"] == argv[0]
+    assert {"cpu", "cores", "python"} <= set(doc["machine"])
+    assert {"aiortc", "av"} <= set(doc["versions"])
+    return doc["results"]  # type: ignore[no-any-return]
+
+
+def test_bench_encode(tmp_path: Path) -> None:
+    results = _run(tmp_path, "encode", "--frames", "30", "--rounds", "1")
+    names = [r["codec"] for r in results]
+    assert names == ["h264-ours", "h264-aiortc-default", "vp8-aiortc-default"]
+    for r in results:
+        assert r["frames"] == 30 and r["kbps"] > 0 and r["cpu_ms"]["p50"] > 0
+        assert 25 < r["psnr_db"] < 99  # decoded frames really compared with the source
+
+
+def test_bench_engine(tmp_path: Path) -> None:
+    r = _run(tmp_path, "engine", "--frames", "20")
+    assert r["engine"] == "warp" and r["speaking_ms"]["n"] == 20 and r["idle_ms"]["n"] == 20
+
+
+def test_bench_vad(tmp_path: Path) -> None:
+    r = _run(tmp_path, "vad", "--seconds", "3")
+    assert r["chunks"] == 93 and r["cost_ms"]["p50"] > 0
+
+
+@pytest.mark.slow
+def test_bench_call(tmp_path: Path) -> None:
+    r = _run(tmp_path, "call", "--says", "1")
+    assert r["receiver_fps"] > 20
+    assert len(r["lipsync"]) == 1 and r["lipsync"][0]["correlation"] > 0.3
+
+
+@pytest.mark.slow
+def test_bench_latency(tmp_path: Path) -> None:
+    r = _run(tmp_path, "latency", "--turns", "1")
+    assert r["turns"] == 1 and r["client_first_audio_ms"]["n"] == 1
+    assert "first_audio_out_ms" in r["server_stages_ms"]
