@@ -102,3 +102,30 @@ def loud_frames(frames: Sequence[np.ndarray], level: float = 0.01) -> np.ndarray
     return np.asarray(
         [np.sqrt(np.mean((f.astype(np.float32) / 32768) ** 2)) > level for f in frames]
     )
+
+
+def first_loud_after(frames: Sequence[tuple[float, int, np.ndarray]], t: float) -> float | None:
+    """Arrival time of the first loud audio frame that arrived after ``t``."""
+    loud = loud_frames([pcm for _, _, pcm in frames])
+    for (arrival, _, _), is_loud in zip(frames, loud, strict=True):
+        if is_loud and arrival > t:
+            return arrival
+    return None
+
+
+def fell_silent_at(
+    frames: Sequence[tuple[float, int, np.ndarray]], t: float, quiet_s: float = 0.3
+) -> float | None:
+    """Arrival of the last loud frame after ``t`` that ``quiet_s`` of silence follows.
+
+    The end of the reply a barge-in cut off; the caller's interruption is answered later, so
+    the first such silence is the one that counts.
+    """
+    loud = loud_frames([pcm for _, _, pcm in frames])
+    arrivals = np.asarray([a for a, _, _ in frames])
+    needed = int(quiet_s / 0.020 * 0.8)
+    for i in np.flatnonzero(arrivals >= t):
+        window = (arrivals > arrivals[i]) & (arrivals <= arrivals[i] + quiet_s)
+        if not loud[window].any() and window.sum() >= needed:
+            return float(arrivals[i])
+    return None

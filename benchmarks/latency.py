@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.analysis import loud_frames, voiced_span
+from benchmarks.analysis import fell_silent_at, first_loud_after, voiced_span
 from benchmarks.call import _server
 from benchmarks.client import CallClient, Microphone
 from benchmarks.clip import speech_pcm
@@ -32,7 +32,8 @@ LONG_QUESTION = (
 INTERRUPTION = "Stop, wait a moment please."
 
 
-async def _caller(url: str) -> tuple[CallClient, Microphone]:
+async def connect_caller(url: str) -> tuple[CallClient, Microphone]:
+    """A connected caller with a microphone, after half a second of room tone."""
     mic = Microphone()
     client = CallClient(url, microphone=mic)
     await client.connect()
@@ -42,17 +43,8 @@ async def _caller(url: str) -> tuple[CallClient, Microphone]:
     return client, mic
 
 
-def _first_loud_after(client: CallClient, start: int, t: float) -> float | None:
-    audio = client.received.audio[start:]
-    loud = loud_frames([p for _, _, p in audio])
-    for (arrival, _, _), is_loud in zip(audio, loud, strict=True):
-        if is_loud and arrival > t:
-            return arrival
-    return None
-
-
 async def _turns(url: str, turns: int, pcms: list[np.ndarray], offset: int) -> list[dict[str, Any]]:
-    client, mic = await _caller(url)
+    client, mic = await connect_caller(url)
     results = []
     try:
         for i in range(turns):
@@ -63,7 +55,7 @@ async def _turns(url: str, turns: int, pcms: list[np.ndarray], offset: int) -> l
             turn = await client.wait_event(lambda e: e.get("type") == "turn", timeout=60)
             await client.wait_state("listening", timeout=30)
             speech_end = mic.sent_at(handle, voiced_end)
-            first = _first_loud_after(client, start, speech_end or 0.0)
+            first = first_loud_after(client.received.audio[start:], speech_end or 0.0)
             client_ms = None if first is None or speech_end is None else (first - speech_end) * 1000
             results.append({"client_first_audio_ms": client_ms, "server": turn["metrics"]})
             await asyncio.sleep(0.5)
@@ -73,7 +65,7 @@ async def _turns(url: str, turns: int, pcms: list[np.ndarray], offset: int) -> l
 
 
 async def _barge_ins(url: str, count: int) -> list[float]:
-    client, mic = await _caller(url)
+    client, mic = await connect_caller(url)
     long_pcm = await speech_pcm(LONG_QUESTION)
     stop_pcm = await speech_pcm(INTERRUPTION)
     onset, _ = voiced_span(stop_pcm, 48_000)
@@ -87,15 +79,10 @@ async def _barge_ins(url: str, count: int) -> list[float]:
             handle = mic.play(stop_pcm)
             await client.wait_event(lambda e: e == {"type": "state", "state": "listening"}, 30)
             await asyncio.sleep(0.6)
-            speech_onset = mic.sent_at(handle, onset)
-            audio = client.received.audio[start:]
-            loud = loud_frames([p for _, _, p in audio])
-            arrivals = np.asarray([a for a, _, _ in audio])
-            for i in np.flatnonzero(arrivals >= (speech_onset or 0.0)):
-                window = (arrivals > arrivals[i]) & (arrivals <= arrivals[i] + 0.3)
-                if not loud[window].any() and window.sum() >= 12:
-                    cuts.append((arrivals[i] - (speech_onset or 0.0)) * 1000)
-                    break
+            speech_onset = mic.sent_at(handle, onset) or 0.0
+            stop = fell_silent_at(client.received.audio[start:], speech_onset)
+            if stop is not None:
+                cuts.append((stop - speech_onset) * 1000)
             # Let the answer to the interruption play out before the next round.
             await client.wait_event(lambda e: e.get("type") == "turn", 60)
             await client.wait_event(lambda e: e.get("type") == "turn", 60)

@@ -19,6 +19,7 @@ from rtc_server.config import ServerConfig
 from rtc_server.engines import EngineFactory, load_engine_factory
 from rtc_server.ice import restrict_host_addresses, rtc_configuration
 from rtc_server.media.h264 import TunedH264Encoder, use_tuned_encoder
+from rtc_server.media.inbound import low_latency_audio
 from rtc_server.metrics import Metrics
 from rtc_server.providers.registry import Choice, load_providers
 from rtc_server.session import AvatarSession, ListenSettings, Providers
@@ -122,6 +123,9 @@ class SessionManager:
             )
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
             pc.addTrack(session.audio_track)
+            for transceiver in pc.getTransceivers():
+                if transceiver.kind == "audio":
+                    low_latency_audio(transceiver)
             negotiated = video._codecs[0].mimeType if video._codecs else None
             if negotiated == "video/H264":
                 use_tuned_encoder(

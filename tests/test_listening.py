@@ -8,9 +8,17 @@ import re
 import numpy as np
 import pytest
 
-from benchmarks.analysis import av_offset, loud_frames, mouth_motion, stream_times, voiced_span
-from benchmarks.client import CallClient, Microphone
+from benchmarks.analysis import (
+    av_offset,
+    fell_silent_at,
+    first_loud_after,
+    loud_frames,
+    mouth_motion,
+    stream_times,
+    voiced_span,
+)
 from benchmarks.clip import speech_pcm
+from benchmarks.latency import connect_caller
 from rtc_server.media.resample import resample_int16
 from tests.conftest import LiveServer
 
@@ -28,18 +36,8 @@ def whisper():  # type: ignore[no-untyped-def]
     return WhisperSTT.load(threads=2)
 
 
-async def _connected(url: str) -> tuple[CallClient, Microphone]:
-    mic = Microphone()
-    client = CallClient(url, microphone=mic)
-    await client.connect()
-    await client.wait_channel_open()
-    await client.wait_state("listening", timeout=5)
-    await asyncio.sleep(0.5)  # the VAD hears some room tone first, as in a real call
-    return client, mic
-
-
 async def test_spoken_question_is_heard_and_answered(live_server: LiveServer, whisper) -> None:  # type: ignore[no-untyped-def]
-    client, mic = await _connected(live_server.url)
+    client, mic = await connect_caller(live_server.url)
     try:
         question = await speech_pcm(QUESTION)
         _, voiced_end = voiced_span(question, 48_000)
@@ -63,10 +61,8 @@ async def test_spoken_question_is_heard_and_answered(live_server: LiveServer, wh
     # Latency: end of the caller's speech -> first reply audio arriving, as the client saw it.
     speech_end = mic.sent_at(handle, voiced_end)
     assert speech_end is not None
-    loud = loud_frames([p for _, _, p in audio])
-    first_reply = next(
-        a for (a, _, _), is_loud in zip(audio, loud, strict=True) if is_loud and a > speech_end
-    )
+    first_reply = first_loud_after(audio, speech_end)
+    assert first_reply is not None, "no reply audio arrived"
     client_ms = (first_reply - speech_end) * 1000
     server_ms = turn["metrics"]["first_audio_out_ms"]
     print(f"first audio: client {client_ms:.0f} ms, server {server_ms:.0f} ms, {turn['metrics']}")
@@ -94,7 +90,7 @@ async def test_spoken_question_is_heard_and_answered(live_server: LiveServer, wh
 
 
 async def test_barge_in_silences_the_reply(live_server: LiveServer) -> None:
-    client, mic = await _connected(live_server.url)
+    client, mic = await connect_caller(live_server.url)
     try:
         # A long question makes a long echo answer to interrupt.
         long_question = await speech_pcm(
@@ -119,14 +115,7 @@ async def test_barge_in_silences_the_reply(live_server: LiveServer) -> None:
     loud = loud_frames([p for _, _, p in audio])
     arrivals = np.asarray([a for a, _, _ in audio])
     assert loud[arrivals < speech_onset].any(), "the avatar was not speaking before the barge-in"
-    # The reply falls silent: the first loud frame after the onset that 300 ms of silence
-    # follows. (The interruption is itself a turn, answered a second or so later.)
-    stop = None
-    for i in np.flatnonzero(arrivals >= speech_onset):
-        window = (arrivals > arrivals[i]) & (arrivals <= arrivals[i] + 0.3)
-        if not loud[window].any() and window.sum() >= 12:
-            stop = arrivals[i]
-            break
+    stop = fell_silent_at(audio, speech_onset)
     assert stop is not None, "the reply did not stop"
     cut_ms = (stop - speech_onset) * 1000
     print(f"barge-in: reply audio silent {cut_ms:.0f} ms after the caller's speech onset")

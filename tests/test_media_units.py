@@ -129,3 +129,21 @@ async def test_use_tuned_encoder_is_kept_by_the_sender() -> None:
         assert isinstance(transceiver.sender, RTCRtpSender)
     finally:
         await pc.close()
+
+
+async def test_low_latency_audio_replaces_the_receivers_jitter_buffer() -> None:
+    from rtc_server.media.inbound import low_latency_audio
+
+    pc = RTCPeerConnection()
+    try:
+        audio = pc.addTransceiver("audio", direction="recvonly")
+        video = pc.addTransceiver("video", direction="recvonly")
+        before = audio.receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
+        assert before._prefetch == 4  # aiortc's default, which this undoes
+        low_latency_audio(audio)
+        after = audio.receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
+        assert after is not before and after._prefetch == 1
+        with pytest.raises(ValueError):
+            low_latency_audio(video)
+    finally:
+        await pc.close()
