@@ -129,3 +129,22 @@ async def test_metrics_are_prometheus_text(live_server: LiveServer) -> None:
         "avatar_rtc_video_encode_cpu_seconds_bucket",
     ):
         assert name in text
+
+
+async def test_at_capacity_is_503_with_retry_after(engine_factory, cache_dir) -> None:  # type: ignore[no-untyped-def]
+    from benchmarks.client import CallClient
+    from tests.conftest import start_server
+
+    server, runner = await start_server(engine_factory, cache_dir, max_sessions=1)
+    first = CallClient(server.url)
+    try:
+        await first.connect()
+        sdp = await make_offer()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(server.url + "/offer", json={"sdp": sdp, "type": "offer"}) as r:
+                _assert_error(r.status, await r.json(), 503, "at_capacity")
+                assert int(r.headers["Retry-After"]) > 0
+        assert len(server.manager.sessions) == 1
+    finally:
+        await first.close()
+        await runner.cleanup()
