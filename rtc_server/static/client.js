@@ -2,9 +2,11 @@
 // an "events" data channel for state and control. Audio and video of the avatar play on one
 // <video> element; the browser's own RTP/RTCP lip-sync keeps them together.
 //
-// Test hook: window.avatarCall is the current Call (pc, sessionId, channel, playing, states).
+// Test hook: window.avatarCall is the current Call (pc, sessionId, channel, playing, states,
+// events: every data-channel event received, in order).
 
 const STATS_INTERVAL_MS = 1000;
+const ICE_GATHERING_TIMEOUT_MS = 5000;
 
 const $ = (id) => document.getElementById(id);
 
@@ -18,7 +20,29 @@ const ui = {
   sayForm: $("say-form"),
   sayText: $("say-text"),
   send: $("send"),
+  ask: $("ask"),
+  log: $("log"),
 };
+
+const MAX_LOG_LINES = 50;
+
+/** Adds a line to the conversation log, or extends the avatar's current one. */
+function logLine(who, text, { extend = false } = {}) {
+  const last = ui.log.lastElementChild;
+  if (extend && last?.dataset.who === who) {
+    last.querySelector("span").textContent += ` ${text}`;
+    return;
+  }
+  const item = document.createElement("li");
+  item.dataset.who = who;
+  const name = document.createElement("strong");
+  name.textContent = who === "user" ? "You" : "Avatar";
+  const body = document.createElement("span");
+  body.textContent = text;
+  item.append(name, " ", body);
+  ui.log.append(item);
+  while (ui.log.childElementCount > MAX_LOG_LINES) ui.log.firstElementChild.remove();
+}
 
 function setStatus(text, kind = "info") {
   ui.status.textContent = text;
@@ -34,6 +58,7 @@ function setChannelOpen(open) {
   ui.interrupt.disabled = !open;
   ui.sayText.disabled = !open;
   ui.send.disabled = !open;
+  ui.ask.disabled = !open;
 }
 
 /** A readable message from a failed HTTP response with the API's JSON error shape. */
@@ -49,15 +74,19 @@ async function httpError(response) {
   return new Error(`HTTP ${response.status} ${response.statusText}`);
 }
 
+/** Non-trickle signalling: wait for every candidate (or the timeout, then send what we have). */
 function iceGatheringComplete(pc) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();
   return new Promise((resolve) => {
-    const check = () => {
-      if (pc.iceGatheringState === "complete") {
-        pc.removeEventListener("icegatheringstatechange", check);
-        resolve();
-      }
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", check);
+      resolve();
     };
+    const check = () => {
+      if (pc.iceGatheringState === "complete") done();
+    };
+    const timer = setTimeout(done, ICE_GATHERING_TIMEOUT_MS);
     pc.addEventListener("icegatheringstatechange", check);
   });
 }
@@ -83,9 +112,12 @@ class Call {
     this.sessionId = null;
     this.microphone = null;
     this.textOnly = false;
+    this.noMicReason = "";
     this.state = null;
     /** Every state event, in order, e.g. ["listening", "speaking", "listening"]. */
     this.states = [];
+    this.events = [];
+    this.replying = false;
     this.remote = new MediaStream();
     this.playing = new Promise((resolve) => {
       video.addEventListener("playing", () => resolve(), { once: true });
@@ -139,6 +171,7 @@ class Call {
   }
 
   onConnectionState() {
+    if (this.closed) return;
     const state = this.pc.connectionState;
     if (state === "connected") {
       // The first state event may already have said "Listening"; keep it.
@@ -157,16 +190,29 @@ class Call {
   openChannel(channel) {
     this.channel = channel;
     channel.addEventListener("open", () => setChannelOpen(true));
-    channel.addEventListener("close", () => setChannelOpen(false));
+    channel.addEventListener("close", () => {
+      if (!this.closed) setChannelOpen(false);
+    });
     channel.addEventListener("message", (event) => this.onMessage(event.data));
   }
 
   onMessage(data) {
+    if (this.closed) return;
     let event;
     try {
       event = JSON.parse(data);
     } catch {
       return;
+    }
+    this.events.push(event);
+    if (event.type === "transcript" && event.final) {
+      logLine("user", event.text);
+      this.replying = false;
+    } else if (event.type === "response") {
+      logLine("avatar", event.text, { extend: this.replying });
+      this.replying = true;
+    } else if (event.type === "turn") {
+      this.replying = false;
     }
     if (event.type === "state") {
       this.state = event.state;
@@ -302,5 +348,12 @@ ui.sayForm.addEventListener("submit", (event) => {
   event.preventDefault();
   const text = ui.sayText.value.trim();
   if (text && call?.send({ type: "say", text })) ui.sayText.value = "";
+});
+ui.ask.addEventListener("click", () => {
+  const text = ui.sayText.value.trim();
+  if (!text || !call?.send({ type: "text", text })) return;
+  logLine("user", text);
+  call.replying = false;
+  ui.sayText.value = "";
 });
 window.addEventListener("pagehide", () => call?.stop());
