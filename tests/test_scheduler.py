@@ -37,12 +37,11 @@ async def test_both_tracks_get_the_same_pair_for_one_instant() -> None:
     frames = [await video.recv() for _ in range(3)]
     pcm = [await audio.recv() for _ in range(6)]
     for k in range(3):
-        value = frames[k].to_ndarray(format="rgb24")[0, 0, 0]
-        unit = scheduler.unit(k)
-        assert value == unit.image[0, 0, 0]
+        # The engine's k-th pair: image value k, audio speech[k * 1920 : (k + 1) * 1920].
+        assert frames[k].to_ndarray(format="rgb24")[0, 0, 0] == k
         halves = np.concatenate([pcm[2 * k].to_ndarray()[0], pcm[2 * k + 1].to_ndarray()[0]])
-        assert np.array_equal(halves, unit.audio.pcm)
-        assert unit.speaking
+        assert np.array_equal(halves, speech[k * 1920 : (k + 1) * 1920])
+    assert scheduler.stats.speaking_units == 3
     # Timestamps: video in 1/90000, audio in 1/48000, both from the same instant.
     assert [f.pts for f in frames] == [0, 3600, 7200]
     assert [f.pts for f in pcm] == [0, 960, 1920, 2880, 3840, 4800]
@@ -134,4 +133,46 @@ async def test_flush_idle_lets_speech_overtake_filler() -> None:
     scheduler.flush_idle()
     await _filled(scheduler, 3)
     assert scheduler.unit(0).speaking
+    await scheduler.aclose()
+
+
+async def test_a_lagging_audio_track_keeps_every_pair() -> None:
+    engine = CountingEngine()
+    scheduler = AVScheduler(engine, lead_frames=2)
+    scheduler.register("audio")
+    scheduler.register("video")
+    speech = (np.arange(1920 * 200) % 7000 + 1).astype(np.int16)
+    await engine.push_audio(AudioChunk(speech, 48_000), segment_id=0)
+    scheduler.start()
+    got = []
+    # Video runs 150 instants (6 s) ahead of audio; audio must still get every pair in order.
+    for k in range(200):
+        for _ in range(5):
+            await asyncio.sleep(0)
+        scheduler.unit(k, "video")
+        if k >= 150:
+            got.append(scheduler.unit(k - 150, "audio").audio.pcm)
+        if k == 180:
+            # While audio lags, the pairs video has shown keep their sound, not their images.
+            shown = [u for i, u in scheduler._units.items() if i < k]
+            assert len(shown) > 100 and len({id(u.image) for u in shown}) <= 2
+    for k in range(50, 200):
+        got.append(scheduler.unit(k, "audio").audio.pcm)
+    heard = np.concatenate(got)
+    speaking = heard[heard != 0]
+    assert np.array_equal(speaking, speech[: len(speaking)])
+    assert len(scheduler._units) <= 2
+    await scheduler.aclose()
+
+
+async def test_video_asking_for_a_dropped_pair_gets_filler() -> None:
+    engine = CountingEngine()
+    scheduler = AVScheduler(engine, lead_frames=2)
+    scheduler.start()
+    for k in range(10):
+        await asyncio.sleep(0)
+        scheduler.unit(k, "audio")
+        scheduler.unit(k, "video")
+    unit = scheduler.unit(3, "video")
+    assert not unit.speaking and not unit.audio.pcm.any()
     await scheduler.aclose()

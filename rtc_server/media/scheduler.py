@@ -21,6 +21,9 @@ from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
 
 logger = logging.getLogger(__name__)
 
+MAX_HISTORY_S = 30
+"""Longest a pair waits for a lagging track before it is dropped."""
+
 
 @dataclass(slots=True)
 class SchedulerStats:
@@ -55,6 +58,8 @@ class AVScheduler:
         self._generation = 0
         self._idle_generation = 0
         self._units: dict[int, AvatarFrame] = {}
+        self._position: dict[str, int] = {}
+        """The latest instant each consumer asked for."""
         self._next_unit = 0
         self._on_unit = on_unit
         self._on_video = on_video
@@ -90,11 +95,46 @@ class AVScheduler:
             # Rule 5: the engine failing must not end the call; filler keeps both tracks alive.
             logger.exception("lip-sync engine failed; presenting filler from now on")
 
-    def unit(self, k: int) -> AvatarFrame:
-        """The pair presented at instant k; assigned on first request, never blocking."""
+    def unit(self, k: int, consumer: str = "audio") -> AvatarFrame:
+        """The pair presented at instant k; assigned on first request, never blocking.
+
+        ``consumer`` ("audio" or "video") says which track asks: a pair is kept until both
+        tracks have passed it, so either may lag the other. Audio walks every instant; video
+        may skip ahead, and a pair it asks for after audio dropped it comes back as filler.
+        """
+        self._position[consumer] = max(k, self._position.get(consumer, k))
         unit = self._units.get(k)
-        if unit is not None:
-            return unit
+        if unit is None and k < self._next_unit:
+            return self._filler()
+        if unit is None:
+            self._assign_through(k)
+            unit = self._units[k]
+        self._evict()
+        return unit
+
+    def register(self, consumer: str) -> None:
+        """A track that will ask for pairs: none is dropped before it has passed them."""
+        self._position.setdefault(consumer, -1)
+
+    def _evict(self) -> None:
+        passed = min(self._position.values())
+        # A consumer that stopped asking must not hold pairs forever: keep 30 s at most.
+        passed = max(passed, self._next_unit - MAX_HISTORY_S * self.fps)
+        for old in [i for i in self._units if i < passed]:
+            del self._units[old]
+        if len(self._units) > 2 * self.fps and "video" in self._position:
+            # Audio lags far behind (an overloaded sender): keep its sound, not the images.
+            video = self._position["video"]
+            for i, u in self._units.items():
+                if i < video and u.image is not self._last_image:
+                    self._units[i] = AvatarFrame(
+                        self._last_image if self._last_image is not None else u.image,
+                        u.audio,
+                        u.speaking,
+                        u.segment_id,
+                    )
+
+    def _assign_through(self, k: int) -> None:
         while self._next_unit <= k:
             index = self._next_unit
             self._next_unit += 1
@@ -112,10 +152,6 @@ class AVScheduler:
                 self.stats.speaking_units += 1
             if self._on_unit is not None:
                 self._on_unit(index, unit, filler)
-        # Keep a short history for the lagging track; older pairs are gone for good.
-        for old in [i for i in self._units if i < k - 2 * self.fps]:
-            del self._units[old]
-        return self._units[k]
 
     def note_video(self, dropped: int) -> None:
         """The video track sent one frame after skipping ``dropped`` late ones."""

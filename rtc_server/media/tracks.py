@@ -29,6 +29,7 @@ class AvatarAudioTrack(MediaStreamTrack):
         self._clock = clock
         self._scheduler = scheduler
         self._index = 0
+        scheduler.register("audio")
         self._per_unit = round(1 / (scheduler.fps * AUDIO_PTIME))
         self._samples = int(AUDIO_RATE * AUDIO_PTIME)
         if scheduler.engine.sample_rate != AUDIO_RATE:
@@ -41,7 +42,7 @@ class AvatarAudioTrack(MediaStreamTrack):
         self._index += 1
         await self._clock.sleep_until(index * AUDIO_PTIME)
         unit_index, part = divmod(index, self._per_unit)
-        unit = self._scheduler.unit(unit_index)
+        unit = self._scheduler.unit(unit_index, "audio")
         pcm = unit.audio.pcm[part * self._samples : (part + 1) * self._samples]
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = AUDIO_RATE
@@ -60,6 +61,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._clock = clock
         self._scheduler = scheduler
         self._next = 0
+        scheduler.register("video")
         self._ticks = VIDEO_RATE // scheduler.fps
 
     async def recv(self) -> av.VideoFrame:
@@ -72,7 +74,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._scheduler.note_video(index - self._next)
         self._next = index + 1
         await self._clock.sleep_until(index / fps)
-        unit = self._scheduler.unit(index)
+        unit = self._scheduler.unit(index, "video")
         frame = av.VideoFrame.from_ndarray(unit.image, format="rgb24")
         frame.pts = index * self._ticks
         frame.time_base = VIDEO_TIME_BASE
