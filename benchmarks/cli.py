@@ -82,7 +82,7 @@ def _call(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 def _latency(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from benchmarks import latency
 
-    r = latency.run(args.turns, args.calls, args.barge_ins, args.url)
+    r = latency.run(args.turns, args.calls, args.barge_ins, args.url, args.spawn)
     rows = [
         [
             "client: end of speech -> first reply audio",
@@ -104,7 +104,8 @@ def _latency(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         )
     print(f"{r['calls']} call(s), {r['turns']} turns")
     print(table(["measure (ms)", "p50", "p95", "n"], rows))
-    return {"turns": args.turns, "calls": args.calls, "barge_ins": args.barge_ins}, r
+    settings = {"turns": args.turns, "calls": args.calls, "barge_ins": args.barge_ins}
+    return {**settings, "spawn": args.spawn, "url": args.url}, r
 
 
 def _vad(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -146,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument("--calls", type=int, default=1, help="calls talking at once")
     lat.add_argument("--barge-ins", type=int, default=0, help="barge-in rounds after the turns")
     lat.add_argument("--url", default=None, help="a running server (default: in-process)")
+    lat.add_argument(
+        "--spawn",
+        action="store_true",
+        help="run the server in its own process (no shared event loop with the callers)",
+    )
     vad = sub.add_parser("vad", help="Silero VAD cost per 32 ms chunk")
     vad.add_argument("--seconds", type=float, default=30.0)
     for p in (enc, eng, cal, lat, vad):

@@ -22,6 +22,8 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCConfiguration
 
+from rtc_server.ice import restrict_host_addresses
+
 
 async def make_offer(*, audio: bool = True, video: bool = True) -> str:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -48,7 +50,17 @@ class Received:
 class CallClient:
     """A caller: offers audio (sendrecv) + video (recvonly) + the ``events`` data channel."""
 
-    def __init__(self, url: str, *, microphone: MediaStreamTrack | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        microphone: MediaStreamTrack | None = None,
+        record_video: bool = True,
+        ice_address: str | None = "127.0.0.1",
+    ) -> None:
+        # Benchmarks and tests keep every packet on loopback; aioice skips it unless told.
+        if ice_address is not None:
+            restrict_host_addresses([ice_address])
         self.url = url
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.microphone = microphone or AudioStreamTrack()
@@ -56,6 +68,8 @@ class CallClient:
         self.events: list[dict[str, Any]] = []
         self.received = Received()
         self.record = True
+        self.record_video = record_video
+        """False: video is received and decoded but not converted or kept (load benchmarks)."""
         self._arrivals: dict[tuple[str, int], float] = {}
         self._origins: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -86,6 +100,8 @@ class CallClient:
                 if not self.record:
                     continue
                 if isinstance(frame, av.VideoFrame):
+                    if not self.record_video:
+                        continue
                     image = frame.to_ndarray(format="rgb24")
                     self.received.video.append((arrival, frame.pts, image))
                 else:

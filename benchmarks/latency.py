@@ -8,9 +8,12 @@ real time. Client figures are taken by packet arrival: the end of the caller's v
 from __future__ import annotations
 
 import asyncio
+import socket
+import sys
 import time
 from typing import Any
 
+import aiohttp
 import numpy as np
 
 from benchmarks.analysis import fell_silent_at, first_loud_after, voiced_span
@@ -32,10 +35,10 @@ LONG_QUESTION = (
 INTERRUPTION = "Stop, wait a moment please."
 
 
-async def connect_caller(url: str) -> tuple[CallClient, Microphone]:
+async def connect_caller(url: str, *, record_video: bool = True) -> tuple[CallClient, Microphone]:
     """A connected caller with a microphone, after half a second of room tone."""
     mic = Microphone()
-    client = CallClient(url, microphone=mic)
+    client = CallClient(url, microphone=mic, record_video=record_video)
     await client.connect()
     await client.wait_channel_open()
     await client.wait_state("listening", timeout=10)
@@ -44,7 +47,7 @@ async def connect_caller(url: str) -> tuple[CallClient, Microphone]:
 
 
 async def _turns(url: str, turns: int, pcms: list[np.ndarray], offset: int) -> list[dict[str, Any]]:
-    client, mic = await connect_caller(url)
+    client, mic = await connect_caller(url, record_video=False)
     results = []
     try:
         for i in range(turns):
@@ -97,9 +100,14 @@ def _stage_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return {n: summary([r["server"][n] for r in results if n in r["server"]]) for n in names}
 
 
-async def _measure(turns: int, calls: int, barge_ins: int, url: str | None) -> dict[str, Any]:
+async def _measure(
+    turns: int, calls: int, barge_ins: int, url: str | None, spawn: bool
+) -> dict[str, Any]:
     runner = None
-    if url is None:
+    process = None
+    if url is None and spawn:
+        url, process = await spawn_server()
+    elif url is None:
         url, runner, _ = await _server()
     try:
         pcms = [await speech_pcm(q) for q in QUESTIONS]
@@ -111,6 +119,9 @@ async def _measure(turns: int, calls: int, barge_ins: int, url: str | None) -> d
     finally:
         if runner is not None:
             await runner.cleanup()
+        if process is not None:
+            process.terminate()
+            await process.wait()
     client = [r["client_first_audio_ms"] for r in results if r["client_first_audio_ms"] is not None]
     return {
         "calls": calls,
@@ -123,5 +134,40 @@ async def _measure(turns: int, calls: int, barge_ins: int, url: str | None) -> d
     }
 
 
-def run(turns: int, calls: int = 1, barge_ins: int = 0, url: str | None = None) -> dict[str, Any]:
-    return asyncio.run(_measure(turns, calls, barge_ins, url))
+async def spawn_server() -> tuple[str, asyncio.subprocess.Process]:
+    """``avatar-rtc serve`` in its own process on a free 127.0.0.1 port; waits for /readyz."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rtc_server",
+        "serve",
+        "--port",
+        str(port),
+        "--ice-address",
+        "127.0.0.1",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            if process.returncode is not None:
+                raise RuntimeError(f"the server exited with {process.returncode}")
+            try:
+                async with http.get(url + "/readyz") as resp:
+                    if resp.status == 200:
+                        return url, process
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    process.terminate()
+    raise RuntimeError("the server did not become ready in 60 s")
+
+
+def run(
+    turns: int, calls: int = 1, barge_ins: int = 0, url: str | None = None, spawn: bool = False
+) -> dict[str, Any]:
+    return asyncio.run(_measure(turns, calls, barge_ins, url, spawn))
