@@ -131,6 +131,29 @@ def _vad(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return {"seconds": args.seconds}, r
 
 
+def _browser(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import browser_call
+
+    r = browser_call.run(args.says)
+    o = r["av_offset_ms"]
+    print(
+        table(
+            ["measure", "value"],
+            [
+                ["connect -> first frame shown (ms)", r["connect_to_first_frame_ms"]],
+                ["decoded fps while speaking", r["decoded_fps"]],
+                ["codec / decoder", f"{r['codec']} / {r['decoder']}"],
+                ["A/V offset per say p50 (ms, + = audio later)", o["p50"]],
+                ["A/V offset per say p95 (ms)", o["p95"]],
+                ["A/V offset per say min (ms)", min(r["av_offset_per_say_ms"])],
+                ["A/V offset per say max (ms)", o["max"]],
+                ["correlation per say, min", min(r["correlation_per_say"])],
+            ],
+        )
+    )
+    return {"says": args.says}, r
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="avatar-rtc bench", description=__doc__)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -154,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vad = sub.add_parser("vad", help="Silero VAD cost per 32 ms chunk")
     vad.add_argument("--seconds", type=float, default=30.0)
-    for p in (enc, eng, cal, lat, vad):
+    brw = sub.add_parser("browser", help="a call in Chromium: first frame, fps, A/V offset")
+    brw.add_argument("--says", type=int, default=5)
+    for p in (enc, eng, cal, lat, vad, brw):
         p.add_argument("--json", type=Path, default=None, help="write results here")
     return parser
 
@@ -167,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "call": _call,
         "latency": _latency,
         "vad": _vad,
+        "browser": _browser,
     }[args.bench]
     settings, results = runner(args)
     if args.json is not None:

@@ -60,6 +60,25 @@ def test_astronaut_face_mouth_and_eyes_found(astronaut: WarpAvatar) -> None:
     assert 140 < astronaut.lip_y + astronaut.mouth_crop[1] < 154
 
 
+def test_lip_seam_follows_the_smile(astronaut: WarpAvatar) -> None:
+    """The line where the lips part runs under the teeth and up to the raised mouth corners."""
+    x0, y0 = astronaut.mouth_crop[:2]
+    seam = astronaut.mouth_seam + y0
+    u = astronaut.mouth_u
+    left, right = int(np.argmin(np.abs(u + 1))), int(np.argmin(np.abs(u - 1)))
+    centre = int(np.argmin(np.abs(u)))
+    # Measured by eye: corners near (203, 140) and (244, 141), teeth end at row ~148 mid-mouth.
+    assert abs(left + x0 - 203) <= 4 and abs(right + x0 - 244) <= 4
+    assert abs(seam[centre] - 148.5) <= 1.0
+    assert 138 <= seam[left] <= 144 and 138 <= seam[right] <= 144
+    # Smooth: rising monotonically from the centre to each corner, flat beyond.
+    middle = int(np.flatnonzero(u >= 0)[0])
+    assert (np.diff(seam[left:middle]) >= 0).all()
+    assert (np.diff(seam[middle : right + 1]) <= 0).all()
+    for beyond, end in ((seam[:left], seam[left]), (seam[right + 1 :], seam[right])):
+        assert np.ptp(beyond) == 0.0 and abs(beyond[0] - end) < 0.5
+
+
 def test_detection_follows_the_face_when_moved_and_scaled(astronaut: WarpAvatar) -> None:
     scale, dx, dy = 0.75, 150, 40
     small = cv2.resize(builtin_portrait(), None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)

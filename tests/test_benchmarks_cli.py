@@ -51,3 +51,15 @@ def test_bench_latency(tmp_path: Path) -> None:
     r = _run(tmp_path, "latency", "--turns", "1")
     assert r["turns"] == 1 and r["client_first_audio_ms"]["n"] == 1
     assert "first_audio_out_ms" in r["server_stages_ms"]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_bench_browser(tmp_path: Path) -> None:
+    from benchmarks.browser import chromium_missing
+
+    if chromium_missing():
+        pytest.skip(chromium_missing() or "")
+    r = _run(tmp_path, "browser", "--says", "1")
+    assert r["codec"] == "video/H264" and r["decoded_fps"] > 20
+    assert len(r["av_offset_per_say_ms"]) == 1 and r["connect_to_first_frame_ms"] > 0

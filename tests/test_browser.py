@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from playwright.async_api import Page, expect
 
-from tests.browser import (
+from benchmarks.browser import (
     ENVELOPE_MS,
     call_stats,
     chromium_missing,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from playwright.async_api import Page, expect
 
+from benchmarks.browser import call_stats, chromium_missing, chromium_page, start_call
 from benchmarks.clip import speech_pcm
-from tests.browser import call_stats, chromium_missing, chromium_page, start_call
 from tests.conftest import LiveServer
 
 needs_chromium = pytest.mark.skipif(chromium_missing() is not None, reason=chromium_missing() or "")

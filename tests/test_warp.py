@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -98,6 +100,106 @@ def test_roundness_narrows_the_opening(avatar: WarpAvatar) -> None:
         return int((_crop(img, avatar.mouth_box).mean(axis=2) < 90).sum())
 
     assert dark(round_) < dark(wide)
+
+    # Narrower, not just smaller: an "oo" is as deep as an "ah" but much less wide.
+    def extent(img: np.ndarray) -> tuple[int, int]:
+        cavity = _cavity(img, avatar)
+        columns = np.flatnonzero(cavity.any(axis=0))
+        return int(columns[-1] - columns[0] + 1), int(cavity[:, _centre_column(avatar)].sum())
+
+    (wide_w, wide_h), (round_w, round_h) = extent(wide), extent(round_)
+    assert round_w < 0.8 * wide_w
+    assert round_h >= wide_h
+
+
+def _luma(img: np.ndarray) -> np.ndarray:
+    return img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def _cavity(frame: np.ndarray, avatar: WarpAvatar) -> np.ndarray:
+    """Pixels of the mouth box the opening darkened: dark now, light (teeth, lips) before."""
+    x, y, w, h = avatar.mouth_box
+    dark = np.zeros(frame.shape[:2], bool)
+    box = (slice(y, y + h), slice(x, x + w))
+    dark[box] = (_luma(frame[box]) < 110) & (_luma(avatar.image[box]) > 130)
+    return dark
+
+
+def _centre_column(avatar: WarpAvatar) -> int:
+    return int(round(avatar.lip_x)) + avatar.mouth_crop[0]
+
+
+def test_mouth_motion_grows_with_openness(avatar: WarpAvatar) -> None:
+    r = WarpRenderer(avatar)
+    t = _quiet_time(r)
+    shut = _crop(r.render(0.0, 0.0, t), avatar.mouth_box)
+    diffs = [
+        np.abs(_crop(r.render(o, 0.0, t), avatar.mouth_box) - shut).mean()
+        for o in np.linspace(0.1, 1.0, 10)
+    ]
+    assert all(b > a for a, b in zip(diffs, diffs[1:], strict=False)), diffs
+
+
+def test_open_mouth_is_a_shaded_red_brown_cavity(avatar: WarpAvatar) -> None:
+    r = WarpRenderer(avatar)
+    frame = r.render(1.0, 0.0, _quiet_time(r))
+    cavity = _cavity(frame, avatar)
+    pixels = frame[cavity].astype(np.float32)
+    assert len(pixels) > 150
+    # Not a black slab: no pure black, red-brown on average.
+    assert pixels.max(axis=1).min() > 15
+    red, green, blue = pixels.mean(axis=0)
+    assert red > green + 20 and red > blue + 20
+    # Darker at the back and top (under the upper teeth) than towards the floor.
+    x = _centre_column(avatar)
+    column = _luma(frame)[np.flatnonzero(cavity[:, x]), x]
+    third = len(column) // 3
+    assert third >= 2
+    assert column[:third].mean() + 30 < column[-third:].mean()
+
+
+def test_lower_lip_drops_with_its_own_texture(avatar: WarpAvatar) -> None:
+    """The lip under the opening is the picture's lower lip, moved down by the jaw drop."""
+    r = WarpRenderer(avatar)
+    t = _quiet_time(r)
+    x = _centre_column(avatar)
+    top = int(np.floor(avatar.mouth_seam[x - avatar.mouth_crop[0]])) + 1 + avatar.mouth_crop[1]
+    lip = avatar.image[top : top + 14, x].astype(np.float32)
+    for openness in (0.5, 1.0):
+        frame = r.render(openness, 0.0, t)
+        errors = [
+            np.abs(frame[top + k : top + k + 14, x].astype(np.float32) - lip).mean()
+            for k in range(16)
+        ]
+        assert abs(int(np.argmin(errors)) - openness * avatar.max_drop) <= 1.5, errors
+
+
+def test_mouth_corners_stay_put(avatar: WarpAvatar) -> None:
+    r = WarpRenderer(avatar)
+    frame = r.render(1.0, 0.0, _quiet_time(r)).astype(np.float32)
+    image = avatar.image.astype(np.float32)
+    x0, y0 = avatar.mouth_crop[:2]
+    for side in (-1, 1):
+        column = int(np.argmin(np.abs(avatar.mouth_u - side)))
+        x, y = x0 + column, y0 + int(round(avatar.mouth_seam[column]))
+        xs = slice(x, x + 4) if side > 0 else slice(x - 3, x + 1)
+        corner = (slice(y - 3, y + 4), xs)
+        assert np.abs(frame[corner] - image[corner]).mean() < 5.0
+    centre = (slice(y0 + int(avatar.lip_y), y0 + int(avatar.lip_y) + 6), _centre_column(avatar))
+    assert np.abs(frame[centre] - image[centre]).mean() > 40.0
+
+
+def test_teeth_hint_shows_under_the_upper_lip(avatar: WarpAvatar) -> None:
+    """A picture with closed lips gets painted upper teeth at the top of the opening."""
+    closed_lips = dataclasses.replace(avatar, teeth_hint=0.9)
+    t = _quiet_time(WarpRenderer(avatar))
+    plain = _luma(WarpRenderer(avatar).render(1.0, 0.0, t))
+    hinted = _luma(WarpRenderer(closed_lips).render(1.0, 0.0, t))
+    x = _centre_column(avatar)
+    seam = avatar.mouth_crop[1] + int(avatar.lip_y)
+    assert hinted[seam + 1 : seam + 3, x].min() > 150 > plain[seam + 1 : seam + 3, x].max()
+    # The floor of the mouth is left alone.
+    assert hinted[seam + 7, x] == pytest.approx(plain[seam + 7, x], abs=1)
 
 
 def test_blinks_are_seeded_spaced_and_short(avatar: WarpAvatar) -> None:

@@ -88,9 +88,12 @@ async def chromium_page(user_data_dir: Path, extra_args: Sequence[str] = ()) -> 
 # Driving the call page
 
 
-async def start_call(page: Page, url: str, *, timeout_s: float = 20.0) -> str:
+async def start_call(
+    page: Page, url: str, *, timeout_s: float = 20.0, navigate: bool = True
+) -> str:
     """Open the call page, press Start, wait until the avatar plays; returns the session id."""
-    await page.goto(url)
+    if navigate:
+        await page.goto(url)
     await page.get_by_role("button", name="Start").click()
     await page.wait_for_function(
         "() => window.avatarCall?.sessionId && window.avatarCall.channel?.readyState === 'open'",
@@ -98,7 +101,8 @@ async def start_call(page: Page, url: str, *, timeout_s: float = 20.0) -> str:
     )
     await page.evaluate("() => window.avatarCall.playing")
     session_id = await page.evaluate("() => window.avatarCall.sessionId")
-    assert isinstance(session_id, str)
+    if not isinstance(session_id, str):
+        raise RuntimeError(f"the page has no session id: {session_id!r}")
     return session_id
 
 

@@ -1,0 +1,96 @@
+"""``bench browser``: a call in Debian's Chromium: connect to first frame, fps, A/V offset.
+
+The server runs in-process on 127.0.0.1; run it inside a network namespace holding only ``lo``
+(``unshare -n``) to be sure nothing leaves the machine. The A/V offset is measured inside the
+page as benchmarks/browser.py describes, once per say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.browser import (
+    call_stats,
+    chromium_missing,
+    chromium_page,
+    collect_sync_probe,
+    install_sync_probe,
+    measure_sync,
+    page_now,
+    say_from_page,
+    start_call,
+    wait_for_audio_buffer_to_settle,
+    wait_for_sender_reports,
+    wait_for_state,
+)
+from benchmarks.call import SAYS, _server
+from benchmarks.report import summary
+
+FIRST_FRAME_JS = """
+() => {
+  window.__benchStart = performance.now();
+  const video = document.getElementById("remote");
+  video.requestVideoFrameCallback((now, meta) => {
+    window.__benchFirstFrame = meta.presentationTime ?? now;
+  });
+}
+"""
+
+
+async def _measure(says: int) -> dict[str, Any]:
+    missing = chromium_missing()
+    if missing:
+        raise RuntimeError(missing)
+    url, runner, factory = await _server()
+    assert factory.mouth_box is not None
+    try:
+        with tempfile.TemporaryDirectory() as profile:
+            async with chromium_page(Path(profile)) as page:
+                await page.goto(f"{url}/")
+                await page.evaluate(FIRST_FRAME_JS)
+                await start_call(page, f"{url}/", navigate=False)
+                await page.wait_for_function("() => window.__benchFirstFrame !== undefined")
+                first_ms = await page.evaluate(
+                    "() => window.__benchFirstFrame - window.__benchStart"
+                )
+                await wait_for_sender_reports(page, 2)
+                await wait_for_audio_buffer_to_settle(page)
+                await asyncio.sleep(3.0)
+                await install_sync_probe(page, factory.mouth_box)
+                segments = []
+                before = await call_stats(page)
+                for i in range(says):
+                    start = await page_now(page)
+                    await say_from_page(page, SAYS[i % len(SAYS)])
+                    await wait_for_state(page, "speaking", timeout_s=10)
+                    await wait_for_state(page, "listening", timeout_s=30)
+                    segments.append((start, await page_now(page)))
+                after = await call_stats(page)
+                probe = await collect_sync_probe(page)
+    finally:
+        await runner.cleanup()
+    report = measure_sync(probe, after, segments)
+    v0, v1 = before["video"], after["video"]
+    seconds = (v1["timestamp"] - v0["timestamp"]) / 1000
+    offsets = [s.estimate.offset_ms for s in report.segments]
+    return {
+        "connect_to_first_frame_ms": first_ms,
+        "decoded_fps": (v1["framesDecoded"] - v0["framesDecoded"]) / seconds,
+        "codec": v1.get("mimeType"),
+        "decoder": v1.get("decoderImplementation"),
+        "av_offset_ms": summary(offsets),
+        "av_offset_per_say_ms": offsets,
+        "correlation_per_say": [s.estimate.peak for s in report.segments],
+        "wire_ms_per_say": [s.wire_ms for s in report.segments],
+        "overall": report.summary(),
+        "median_abs_offset_ms": float(np.median(np.abs(offsets))),
+    }
+
+
+def run(says: int) -> dict[str, Any]:
+    return asyncio.run(_measure(says))
