@@ -45,7 +45,7 @@ U8 = npt.NDArray[np.uint8]
 MAX_SIDE = 720
 """Longest side of a prepared portrait: larger pictures cost encode time and bandwidth only."""
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bump whenever the meaning of a cached array changes, so stale caches are ignored."""
 
 _MIN_FACE_FRACTION = 1 / 12
@@ -86,27 +86,31 @@ class WarpAvatar:
     mouth_grid_y: F32
     """Base remap grid (crop row of every pixel)."""
     mouth_u: F32
-    """Per column: horizontal offset from the mouth centre over the lip half-width."""
+    """Per column: offset from the mouth centre over the distance to that side's corner
+    (0 at the centre, -1 and 1 at the left and right corners)."""
+    mouth_seam: F32
+    """Per column: crop row of the line where the lips part. It follows the picture's own lip
+    line (a smile curves up to the corners), flat beyond the corners."""
     mouth_lower: F32
-    """Per row: how much of the jaw drop this row follows (0 above the lip line)."""
+    """(h, w): how much of the jaw drop each pixel follows (0 above the seam)."""
     mouth_upper: F32
-    """Per row: how much of the upper-lip lift this row follows (0 below the lip line)."""
+    """(h, w): how much of the upper-lip lift each pixel follows (0 below the seam)."""
     mouth_jaw_blend: F32
-    """Per row: 0 keeps the lens-shaped lip profile, 1 the broader jaw profile."""
+    """(h, w): 0 keeps the tapered lip profile, 1 the broader jaw profile (deep below the seam)."""
     lip_y: float
-    """Crop row of the line between the lips; half-integer so a closed mouth has no gap."""
+    """Crop row of the seam at the mouth centre."""
     lip_x: float
-    """Crop column of the mouth centre."""
+    """Crop column of the mouth centre, half-way between the corners."""
     max_drop: float
-    """Jaw drop in pixels at openness 1."""
+    """Lower-lip drop in pixels at openness 1."""
     max_raise: float
     """Upper-lip lift in pixels at openness 1."""
     teeth_height: float
     """Pixels of the teeth hint painted under the upper lip."""
     teeth_hint: float
     """Opacity of that hint; 0 when the picture already shows teeth above the lip line."""
-    interior_rgb: F32
-    """Colour of the mouth opening (shaded per frame)."""
+    cavity_rgb: F32
+    """(3, 3) mouth-interior colours: the shadowed back, the lit floor, the tongue."""
     teeth_rgb: F32
     """Colour of the teeth hint."""
     skin_rgb: F32
@@ -257,7 +261,7 @@ def _build(img: U8, source: str) -> WarpAvatar:
         "/".join("cascade" if f else "proportions" for f in found_eyes),
     )
     skin = _skin_colour(img, face)
-    mouth = _mouth_geometry(img, face, mouth_box)
+    mouth = _mouth_geometry(img, face, mouth_box, skin)
     eye = _eye_geometry(img, eyes)
     return WarpAvatar(
         image=img, face_box=face, mouth_box=mouth_box, eye_boxes=eyes, skin_rgb=skin, **mouth, **eye
@@ -462,14 +466,86 @@ def _lip_line(img: U8, mouth_box: Box) -> tuple[float, bool]:
     return r0 + seam + 0.5, False
 
 
-def _mouth_geometry(img: U8, face: Box, mouth_box: Box) -> dict[str, Any]:
+def _mouth_corners(
+    lum: F32, lip_x: float, lip_y: float, half_width: float, fh: int
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(x, y) of the left and right mouth corners, in image pixels.
+
+    A corner is the dark spot where the lips meet, searched near each end of the lip line and
+    at or above it (a smile lifts the corners); where no spot stands out, the end of the lip
+    line is taken.
+    """
+    height, width = lum.shape
+    corners: list[tuple[float, float]] = []
+    for side in (-1.0, 1.0):
+        xa, xb = sorted((lip_x + side * 0.7 * half_width, lip_x + side * 1.35 * half_width))
+        ya, yb = lip_y - 0.14 * fh, lip_y + 0.04 * fh
+        bx, by, bw, bh = _clip_box((xa, ya, xb - xa, yb - ya), width, height)
+        window = lum[by : by + bh, bx : bx + bw]
+        corner = (lip_x + side * half_width, lip_y)
+        if window.size:
+            iy, ix = np.unravel_index(int(np.argmin(window)), window.shape)
+            if float(np.median(window)) - float(window[iy, ix]) > 25.0:
+                # The darkest pixel sits a little inside the corner, where the shadow is deepest.
+                corner = (bx + float(ix) + side * 0.1 * half_width, by + float(iy) + 0.5)
+        corners.append(corner)
+    return corners[0], corners[1]
+
+
+def _seam_curve(
+    lum: F32,
+    cols: F32,
+    centre: tuple[float, float],
+    corners: tuple[tuple[float, float], tuple[float, float]],
+    teeth_visible: bool,
+) -> F32:
+    """Image row of the lip seam for each image column in ``cols``.
+
+    The seam runs from the centre of the lip line to each corner as ``y_c + (y_corner - y_c) *
+    |u|**k`` (``u`` the offset over the distance to that corner), flat beyond the corners.
+    ``k`` is fitted to the picture: per column the lower edge of the teeth when they show,
+    else the darkest row, between the centre and the corners.
+    """
+    cx, cy = centre
+    (lx, ly), (rx, ry) = corners
+    u = np.where(cols < cx, (cols - cx) / max(cx - lx, 1.0), (cols - cx) / max(rx - cx, 1.0))
+    rise = np.where(cols < cx, ly - cy, ry - cy).astype(np.float32)
+    a = np.clip(np.abs(u), 0.0, 1.0).astype(np.float32)
+    powers = np.linspace(1.2, 4.0, 29, dtype=np.float32)
+    height = lum.shape[0]
+    errors = np.zeros(len(powers), np.float32)
+    for i, x in enumerate(cols):
+        if not 0.15 <= a[i] <= 0.75:
+            continue
+        candidates = cy + rise[i] * a[i] ** powers
+        r0 = int(np.clip(np.floor(candidates.min()) - 2, 0, height - 2))
+        r1 = int(np.clip(np.ceil(candidates.max()) + 2, r0 + 2, height - 1))
+        column = lum[r0 : r1 + 1, int(x)]
+        if teeth_visible:
+            # The teeth end where the column turns from bright to darker lip, going down.
+            step = column[:-1] - column[1:]
+            found = r0 + float(np.argmax(step)) + 0.5
+        else:
+            found = r0 + float(np.argmin(column)) + 0.5
+        errors += np.minimum(np.abs(candidates - found), 2.0) ** 2
+    k = float(powers[int(np.argmin(errors))]) if errors.any() else 2.5
+    return (cy + rise * a**k).astype(np.float32)
+
+
+def _mouth_geometry(img: U8, face: Box, mouth_box: Box, skin: F32) -> dict[str, Any]:
     height, width = img.shape[:2]
     _, _, fw, fh = face
     mx, my, mw, mh = mouth_box
     lip_y, teeth_visible = _lip_line(img, mouth_box)
-    lip_x = mx + mw / 2
+    if teeth_visible:
+        # The row at the lower edge of the teeth is half tooth: it stays with the teeth, so the
+        # lower lip that drops away starts with clean lip.
+        lip_y += 0.5
+    luma = _luma(img.reshape(-1, 3).astype(np.float32)).reshape(height, width)
+    lum = np.asarray(cv2.GaussianBlur(luma, (0, 0), 0.7), np.float32)
     # Smile-cascade boxes carry a margin around the lips; 0.36 of the box is the lip half-width.
-    half_width = 0.36 * mw
+    left, right = _mouth_corners(lum, mx + mw / 2, lip_y, 0.36 * mw, fh)
+    lip_x = (left[0] + right[0]) / 2
     crop = _clip_box((lip_x - 0.6 * fw, lip_y - 0.3 * fh, 1.2 * fw, 0.8 * fh), width, height)
     cx0, cy0, cw, ch = crop
     sigma = 0.035 * fw
@@ -480,7 +556,13 @@ def _mouth_geometry(img: U8, face: Box, mouth_box: Box) -> dict[str, Any]:
 
     rows = np.arange(ch, dtype=np.float32)
     cols = np.arange(cw, dtype=np.float32)
-    dy = rows - (lip_y - cy0)
+    seam = _seam_curve(lum, cols + cx0, (lip_x, lip_y), (left, right), teeth_visible) - cy0
+    u = np.where(
+        cols < lip_x - cx0,
+        (cols - (lip_x - cx0)) / max(lip_x - left[0], 1.0),
+        (cols - (lip_x - cx0)) / max(right[0] - lip_x, 1.0),
+    )
+    dy = rows[:, None] - seam[None, :]
     hold = 0.12 * fh
     fade = 0.45 * fh
     lower = np.where(
@@ -488,32 +570,32 @@ def _mouth_geometry(img: U8, face: Box, mouth_box: Box) -> dict[str, Any]:
     )
     lower = np.where(dy > 0, lower, 0.0).astype(np.float32)
     upper = 0.5 * (1.0 + np.cos(np.pi * np.clip(-dy / (0.15 * fh), 0.0, 1.0)))
-    upper = np.where(dy < 0, upper, 0.0).astype(np.float32)
+    upper = np.where(dy <= 0, upper, 0.0).astype(np.float32)
     jaw_blend = np.where(dy > 0, _smoothstep(dy / (0.12 * fh)), 0.0).astype(np.float32)
     grid_y, grid_x = np.meshgrid(rows, cols, indexing="ij")
 
-    pixels = _region(img, (mx, my, mw, mh))
-    # Half the picture's own darkest mouth tone, half a generic dark red: a shadowed lip seam
-    # alone would be too light for an open mouth, a fixed colour would ignore the lighting.
-    darkest = _extreme_mean(pixels, 0.1, darkest=True)
-    interior = 0.25 * darkest + 0.5 * np.array([52, 16, 20], np.float32)
+    # The inside of a mouth is a dark red-brown, lit like the face: scale a generic palette by
+    # how bright the skin is, so a dim picture does not get a glowing mouth.
+    light = float(np.clip(_luma(skin[None])[0] / 170.0, 0.5, 1.3))
+    cavity = np.array([[30, 10, 8], [108, 40, 32], [150, 68, 62]], np.float32) * light
     return {
         "mouth_crop": crop,
         "mouth_mask": mask,
         "mouth_grid_x": grid_x.astype(np.float32),
         "mouth_grid_y": grid_y.astype(np.float32),
-        "mouth_u": ((cols - (lip_x - cx0)) / half_width).astype(np.float32),
+        "mouth_u": u.astype(np.float32),
+        "mouth_seam": seam,
         "mouth_lower": lower,
         "mouth_upper": upper,
         "mouth_jaw_blend": jaw_blend,
         "lip_y": float(lip_y - cy0),
         "lip_x": float(lip_x - cx0),
-        "max_drop": float(0.085 * fh),
-        "max_raise": float(0.025 * fh),
-        "teeth_height": float(max(1.5, 0.04 * fh)),
-        "teeth_hint": 0.0 if teeth_visible else 0.55,
-        "interior_rgb": interior.astype(np.float32),
-        "teeth_rgb": np.array([222, 214, 200], np.float32),
+        "max_drop": float(0.09 * fh),
+        "max_raise": float(0.02 * fh),
+        "teeth_height": float(max(1.5, 0.045 * fh)),
+        "teeth_hint": 0.0 if teeth_visible else 0.9,
+        "cavity_rgb": cavity.astype(np.float32),
+        "teeth_rgb": (np.array([226, 218, 204], np.float32) * min(light, 1.1)).astype(np.float32),
     }
 
 

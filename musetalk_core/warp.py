@@ -53,12 +53,17 @@ ROUND_HIGH_SHARE = (0.02, 0.08)
 """High-band energy share mapped to roundness 1 and 0 respectively. A weak cue: on the Piper
 "joe" voice rounded sentences measure 0.04-0.06 (median per loud frame), spread ones 0.06-0.14."""
 
-# Kept modest: narrowing is mouth motion that does not follow loudness, so it is noise to viewers
-# and to the lip-sync metric (mouth motion against envelope change) alike.
-LENS_NARROWING = 0.35
-"""How much narrower the lip opening gets at roundness 1 (relative)."""
-CONTENT_NARROWING = 0.15
-"""How much the lips themselves are pulled towards the centre at roundness 1."""
+# Rounding scales with openness, so a quiet frame hardly moves whatever its roundness: motion
+# that does not follow loudness is noise to viewers and to the lip-sync metric (mouth motion
+# against envelope change) alike.
+LENS_NARROWING = 0.5
+"""How much narrower the lip opening gets at roundness 1: its half-width over 1 + this."""
+CONTENT_NARROWING = 0.3
+"""How much the lips themselves are pulled towards the centre at roundness 1, openness 1."""
+ROUND_LIFT = 1.5
+"""How much more the upper lip lifts at roundness 1 (relative)."""
+ROUND_JAW = 0.25
+"""How much less the jaw drops at roundness 1 (relative)."""
 _ROUND_LEVELS = 16
 """Roundness is quantised to this many steps so each step's warp fields are built once."""
 
@@ -111,15 +116,26 @@ def _window(n: int) -> F32:
 
 @dataclass(frozen=True)
 class _MouthFields:
-    """Warp fields for one roundness level, in mouth-crop coordinates."""
+    """Warp fields and cavity shading for one roundness level, in mouth-crop coordinates."""
 
-    map_x: F32
+    squeeze: F32 | None
+    """Horizontal backward-map offset per unit openness (None at roundness 0)."""
     disp: F32
     """Pixels of vertical displacement per unit openness; + moves content down."""
     top_raise: F32
-    """Per column: how far the upper lip rises per unit openness (top of the gap)."""
+    """Per column: how far the upper lip rises per unit openness (top of the opening)."""
     bottom_drop: F32
-    """Per column: how far the lower lip drops per unit openness (bottom of the gap)."""
+    """Per column: how far the lower lip drops per unit openness (bottom of the opening)."""
+    cols: slice
+    """The columns the opening can reach."""
+    light: F32
+    """Per column of ``cols``: how much light reaches the floor of the mouth (dark at the sides)."""
+    tongue: F32
+    """Per column of ``cols``: how much of the tongue shows."""
+    teeth: F32
+    """Per column of ``cols``: opacity of the painted teeth hint."""
+    teeth_shade: F32
+    """Per column of ``cols``: brightness of the teeth hint (gaps between teeth, dim sides)."""
 
 
 @dataclass
@@ -166,9 +182,15 @@ class WarpRenderer:
         self._mouth_src = np.ascontiguousarray(avatar.image[y : y + h, x : x + w])
         self._mouth_mask3 = avatar.mouth_mask[:, :, None]
         rows = np.arange(h, dtype=np.float32)
-        self._gap_sign = np.where(rows > avatar.lip_y, 1.0, -1.0).astype(np.float32)[:, None]
         self._rows = rows[:, None]
         self._map_y = np.empty((h, w), np.float32)
+        self._map_x = np.empty((h, w), np.float32)
+        # Rows at or above the seam belong to the upper lip, the rest to the lower one.
+        first_lower = np.floor(avatar.mouth_seam) + 1.0
+        is_lower = rows[:, None] >= first_lower[None, :]
+        big = np.float32(4 * h)
+        self._src_lo = np.where(is_lower, first_lower[None, :], -big).astype(np.float32)
+        self._src_hi = np.where(is_lower, big, first_lower[None, :] - 1.0).astype(np.float32)
 
         self._eye_at = [
             (slice(int(ey), int(ey + eh)), slice(int(ex), int(ex + ew)))
@@ -195,8 +217,9 @@ class WarpRenderer:
         out = self._base.copy()
         o = min(1.0, max(0.0, float(openness)))
         level = round(min(1.0, max(0.0, float(roundness))) * _ROUND_LEVELS)
-        # Below 1/256 the jaw moves by < 0.05 px: skip the work and keep the pixels exact.
-        if o >= 1.0 / 256 or level > 0:
+        # Below 1/256 the jaw moves by < 0.05 px: skip the work and keep the pixels exact. All
+        # mouth motion, rounding included, scales with openness, so a shut mouth is the picture.
+        if o >= 1.0 / 256:
             self._draw_mouth(out, o, level)
         blink = self._blinks.amount(t)
         if blink > 0.0:
@@ -212,26 +235,44 @@ class WarpRenderer:
         a = self.avatar
         r = level / _ROUND_LEVELS
         u = a.mouth_u * (1.0 + LENS_NARROWING * r)
-        # Power < 1 rounds the middle of the opening; > 0.5 keeps its corners pointed.
-        lens = np.clip(1.0 - u * u, 0.0, 1.0) ** 0.7
-        # Deeper down the whole jaw moves, so the profile widens from the lip lens to a broad
-        # bump; right at the lip line it is the lens, which gives the gap its pointed corners.
-        broad = 0.5 * (1.0 + np.cos(np.pi * np.clip(np.abs(u) / 1.8, 0.0, 1.0)))
-        blend = a.mouth_jaw_blend[:, None]
-        lower = ((1.0 - blend) * lens + blend * broad) * a.mouth_lower[:, None]
-        upper = lens[None, :] * a.mouth_upper[:, None]
-        disp = (a.max_drop * lower - a.max_raise * upper) * a.mouth_mask
-        pull = 0.5 * (1.0 + np.cos(np.pi * np.clip(np.abs(a.mouth_u) / 1.8, 0.0, 1.0)))
-        squeeze = 1.0 + CONTENT_NARROWING * r * pull[None, :] * a.mouth_mask
-        map_x = a.lip_x + (a.mouth_grid_x - a.lip_x) * squeeze
-        lip_row = min(a.mouth_mask.shape[0] - 1, max(0, int(a.lip_y)))
-        top_raise = a.max_raise * lens * a.mouth_mask[lip_row]
-        bottom_drop = disp[min(disp.shape[0] - 1, lip_row + 1)]
+        # The opening tapers to the corners. The nearer the power is to 0.5 the blunter its
+        # ends: spread lips (0.75) keep pointed corners, rounded ones (0.6) get an oval.
+        profile = (np.clip(1.0 - u * u, 0.0, 1.0) ** (0.75 - 0.15 * r)).astype(np.float32)
+        # Deeper down the whole jaw moves, so the profile widens from the lip taper to a broad
+        # bump; right at the seam it is the taper, which gives the opening its corners.
+        broad = 0.5 * (1.0 + np.cos(np.pi * np.clip(np.abs(a.mouth_u) / 1.8, 0.0, 1.0)))
+        blend = a.mouth_jaw_blend
+        lower = ((1.0 - blend) * profile + blend * broad) * a.mouth_lower
+        # Rounded lips push forward: the upper lip lifts more and the jaw drops less, so the
+        # opening is centred on the lip line, an oval rather than a bowl.
+        lift = (1.0 + ROUND_LIFT * r) * a.max_raise
+        drop = (1.0 - ROUND_JAW * r) * a.max_drop
+        upper = profile[None, :] * a.mouth_upper
+        disp = (drop * lower - lift * upper) * a.mouth_mask
+        squeeze = None
+        if level > 0:
+            # The whole mouth purses, corners included: a bump wider than the jaw profile.
+            pull = 0.5 * (1.0 + np.cos(np.pi * np.clip(np.abs(a.mouth_u) / 2.4, 0.0, 1.0)))
+            pull = pull[None, :] * a.mouth_mask
+            squeeze = CONTENT_NARROWING * r * pull * (a.mouth_grid_x - a.lip_x)
+        h, w = disp.shape
+        at = np.arange(w)
+        first_lower = np.clip(np.floor(a.mouth_seam).astype(np.int64) + 1, 0, h - 1)
+        bottom_drop = disp[first_lower, at]
+        top_raise = lift * profile * a.mouth_mask[np.maximum(first_lower - 1, 0), at]
+        open_cols = np.flatnonzero(profile > 0.0)
+        cols = slice(int(open_cols[0]), int(open_cols[-1]) + 1) if open_cols.size else slice(0, 0)
+        pc = profile[cols]
         fields = _MouthFields(
-            map_x=map_x.astype(np.float32),
+            squeeze=None if squeeze is None else squeeze.astype(np.float32),
             disp=disp.astype(np.float32),
             top_raise=top_raise.astype(np.float32),
             bottom_drop=bottom_drop.astype(np.float32),
+            cols=cols,
+            light=np.clip(1.6 * pc, 0.0, 1.0).astype(np.float32),
+            tongue=np.clip(1.4 * pc - 0.4, 0.0, 1.0).astype(np.float32),
+            teeth=(a.teeth_hint * np.clip(2.0 * pc, 0.0, 1.0)).astype(np.float32),
+            teeth_shade=_teeth_shade(a.mouth_u, profile)[cols],
         )
         self._fields[level] = fields
         return fields
@@ -239,31 +280,74 @@ class WarpRenderer:
     def _draw_mouth(self, out: U8, openness: float, level: int) -> None:
         a = self.avatar
         f = self._mouth_fields(level)
+        o = openness
         map_y = self._map_y
-        np.multiply(f.disp, -openness, out=map_y)
+        np.multiply(f.disp, -o, out=map_y)
         map_y += a.mouth_grid_y
+        # Each lip samples only its own side of the seam: the pixel rows the opening uncovers
+        # are painted over below, and the one at its soft edge must not pick up the other lip.
+        np.clip(map_y, self._src_lo, self._src_hi, out=map_y)
+        map_x = a.mouth_grid_x
+        if f.squeeze is not None:
+            map_x = self._map_x
+            np.multiply(f.squeeze, o, out=map_x)
+            map_x += a.mouth_grid_x
         warped = np.asarray(
             cv2.remap(
-                self._mouth_src, f.map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+                self._mouth_src, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
             ),
             np.float32,
         )
-        # Where the backward map crosses the lip line the pixel came from the other lip: that is
-        # the opening, painted as mouth interior. The half-integer lip_y keeps a shut mouth exact.
-        gap = np.clip(self._gap_sign * (a.lip_y - map_y) + 0.5, 0.0, 1.0)
-        # Shade the opening like a cavity: lit near the lips, darkest in the middle.
-        gap_top = a.lip_y - openness * f.top_raise
-        gap_height = openness * (f.top_raise + f.bottom_drop) + 1e-3
-        depth = np.clip((self._rows - gap_top) / gap_height, 0.0, 1.0)
-        shade = 1.3 - 0.7 * np.sin(np.pi * depth)
-        fill = shade[:, :, None] * a.interior_rgb
-        if a.teeth_hint > 0.0:
-            teeth = a.teeth_hint * np.clip(1.0 - (self._rows - gap_top) / a.teeth_height, 0.0, 1.0)
-            fill += teeth[:, :, None] * (a.teeth_rgb - fill)
-        warped += gap[:, :, None] * (fill - warped)
+        cols = f.cols
+        if cols.stop > cols.start:
+            seam = a.mouth_seam[cols]
+            top = seam - o * f.top_raise[cols]
+            bottom = seam + o * f.bottom_drop[cols]
+            # Only the rows the opening and its lip shadow can reach.
+            r0 = max(0, int(top.min()) - 2)
+            r1 = min(warped.shape[0], int(bottom.max()) + 5)
+            if r1 > r0:
+                self._paint_opening(warped[r0:r1, cols], self._rows[r0:r1], top, bottom, f, o)
         region = out[self._mouth_at]
         bg = region.astype(np.float32)
         region[...] = (bg + self._mouth_mask3 * (warped - bg) + 0.5).astype(np.uint8)
+
+    def _paint_opening(
+        self, px: F32, rows: F32, top: F32, bottom: F32, f: _MouthFields, o: float
+    ) -> None:
+        """Paint the mouth cavity between ``top`` and ``bottom`` (per column) into ``px``."""
+        a = self.avatar
+        dark, lit, tongue_rgb = a.cavity_rgb
+        gap = bottom - top
+        # Pixel coverage of the opening, box-filtered over a little more than a pixel: soft,
+        # anti-aliased lips, and an opening thinner than that only shades the seam.
+        cover = np.minimum(rows + 0.7, bottom) - np.maximum(rows - 0.7, top)
+        cover = np.clip(cover * (1 / 1.4), 0.0, 1.0)
+        depth = np.clip((rows - top) / np.maximum(gap, 0.5), 0.0, 1.0)
+        # The back and top of the cavity are in the shadow of the upper teeth and lip; light
+        # reaches its floor, less so at the sides and in a narrow opening.
+        light = _smoothstep_f((depth - 0.2) * 1.25) * (f.light * min(1.0, 0.4 + o))
+        fill = dark + light[:, :, None] * (lit - dark)
+        if o > 0.3:
+            # The tongue: a hump rising from the floor of the mouth, highest in the middle, lit
+            # on top and shading into the lower lip's shadow.
+            rise = depth - (1.0 - 0.5 * f.tongue)
+            tongue = _smoothstep_f(rise * 3.5) * min(1.0, (o - 0.3) * 2.0)
+            tongue_rgb = tongue_rgb * (1.0 - 0.3 * np.clip(rise * 2.5, 0.0, 1.0))[:, :, None]
+            fill += tongue[:, :, None] * (tongue_rgb - fill)
+        if a.teeth_hint > 0.0:
+            # Upper teeth under the upper lip: as tall as the opening allows, a soft lower edge,
+            # a thin shadow where the lip meets them.
+            reach = top + np.minimum(a.teeth_height, 0.45 * gap)
+            teeth = np.clip(reach - rows + 0.5, 0.0, 1.0) * f.teeth
+            under_lip = 0.75 + 0.25 * np.clip(rows - top, 0.0, 1.0)
+            teeth_rgb = a.teeth_rgb * (under_lip * f.teeth_shade)[:, :, None]
+            fill += teeth[:, :, None] * (teeth_rgb - fill)
+        # The lower lip curls into the mouth: a soft contact shadow along its inner edge.
+        below = rows - bottom
+        shadow = np.clip(1.0 - below * 0.5, 0.0, 1.0) * np.clip(below * 2.0 + 1.0, 0.0, 1.0)
+        px *= (1.0 - (0.22 * min(1.0, 3.0 * o)) * shadow * f.light)[:, :, None]
+        px += cover[:, :, None] * (fill - px)
 
     def _draw_lids(self, out: U8, blink: float) -> None:
         a = self.avatar
@@ -299,6 +383,23 @@ class WarpRenderer:
             frame, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
         )
         return np.asarray(shifted, np.uint8)
+
+
+def _teeth_shade(u: F32, profile: F32) -> F32:
+    """Per column brightness of painted upper teeth: darker towards the corners, where the
+    cheeks shade them, with faint gaps between incisors, laterals and canines."""
+    # Gap positions as fractions of the mouth half-width, symmetric about the centre.
+    gaps = np.array([0.0, 0.24, 0.46, 0.66], np.float32)
+    px_per_u = 1.0 / np.maximum(np.abs(np.gradient(u)), 1e-3)
+    dist = np.min(np.abs(np.abs(u)[:, None] - gaps[None, :]), axis=1) * px_per_u
+    seams = 1.0 - 0.15 * np.exp(-(dist**2))
+    return np.asarray((0.6 + 0.4 * np.sqrt(profile)) * seams, np.float32)
+
+
+def _smoothstep_f(v: F32) -> F32:
+    v = np.clip(v, 0.0, 1.0)
+    out: F32 = v * v * (3.0 - 2.0 * v)
+    return out
 
 
 class _Segment:

@@ -18,6 +18,7 @@ from musetalk_core.types import LipSyncEngine
 from rtc_server.config import ServerConfig
 from rtc_server.engines import EngineFactory, load_engine_factory
 from rtc_server.ice import restrict_host_addresses, rtc_configuration
+from rtc_server.media.fallback import ResilientEngine
 from rtc_server.media.h264 import TunedH264Encoder, use_tuned_encoder
 from rtc_server.media.inbound import low_latency_audio
 from rtc_server.metrics import Metrics
@@ -94,7 +95,7 @@ class SessionManager:
             )
         self._pending += 1
         try:
-            return await self._answer(offer, self.engine_factory.create())
+            return await self._answer(offer, ResilientEngine(self.engine_factory.create()))
         finally:
             self._pending -= 1
 

@@ -20,6 +20,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from musetalk_core.types import AvatarFrame, LipSyncEngine
 from rtc_server.media.clock import MonotonicClock
+from rtc_server.media.fallback import ResilientEngine
 from rtc_server.media.scheduler import AVScheduler
 from rtc_server.media.tracks import AvatarAudioTrack, AvatarVideoTrack
 from rtc_server.metrics import Metrics
@@ -93,6 +94,10 @@ class AvatarSession:
         self.video_track = AvatarVideoTrack(self.clock, self.scheduler)
         self.speech = SpeechOutput(engine, executor)
         self.speech.on_speech_queued = self.scheduler.flush_idle
+        if isinstance(engine, ResilientEngine):
+            engine.on_failure = lambda exc: self._error(
+                "engine_failed", "the avatar's animation stopped; the voice goes on"
+            )
         self.conversation = Conversation(self.settings.system_prompt, self.settings.history_chars)
         self.channel: RTCDataChannel | None = None
         self.state = "listening"
