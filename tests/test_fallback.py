@@ -113,7 +113,7 @@ async def test_a_call_whose_engine_breaks_still_speaks(engine_factory, cache_dir
 
     assert breaking.mouth_box is not None and len(video) > 75
     motion = mouth_motion([v for _, _, v in video], breaking.mouth_box)
-    # The engine dies 0.2 s into a 4 s sentence: the second half of the call is still, but for
-    # a frame or two where the encoder refreshes the picture (a keyframe after a bitrate change).
+    # The engine dies 0.2 s into a 4 s sentence: in the second half the mouth stays still, but
+    # for the encoder refining the picture now and then (a moving mouth averages 5-20 here).
     second_half = motion[len(motion) // 2 :]
-    assert len(second_half) > 40 and (second_half > 1.0).sum() <= 3, motion.round(1)
+    assert len(second_half) > 40 and second_half.mean() < 1.0, motion.round(1)
