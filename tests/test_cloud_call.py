@@ -14,7 +14,15 @@ import pytest
 from benchmarks.client import CallClient
 from rtc_server.engines import EngineFactory
 from tests.conftest import LiveServer, start_server
-from tests.vendor_servers import CHAT, ELEVENLABS, ELEVENLABS_KEY, OPENAI_KEY, Reply, VendorServer
+from tests.vendor_servers import (
+    CHAT,
+    ELEVENLABS,
+    ELEVENLABS_KEY,
+    OPENAI_KEY,
+    Reply,
+    VendorServer,
+    chat_stream,
+)
 
 
 @pytest.fixture
@@ -111,3 +119,27 @@ async def test_tts_failing_after_retries_degrades_to_the_local_voice(
     finally:
         await client.close()
     assert len(vendor.seen(ELEVENLABS)) >= 2  # retried before giving up
+
+
+async def test_first_sentence_plays_while_the_llm_is_still_writing(
+    cloud_server: LiveServer, vendor: VendorServer
+) -> None:
+    import asyncio
+
+    pieces = chat_stream(["Hello there, my friend. ", "How are", " you today?"])
+    more = asyncio.Event()
+    # The model sends its first sentence, then stalls until the test lets it go on.
+    vendor.script(CHAT, Reply(pieces=[pieces[0] + pieces[1], *pieces[2:]], gate=more))
+    client = await _call(cloud_server)
+    try:
+        client.channel.send('{"type": "text", "text": "hi"}')
+        await client.wait_state("speaking", 10)
+        # Heard before the model wrote another word: the first sentence is already playing.
+        parts = [e["text"] for e in client.events if e.get("type") == "response"]
+        assert parts == ["Hello there,"]  # ("my friend." is short: it waits for company)
+        more.set()
+        await client.wait_event(lambda e: e.get("type") == "turn", 20)
+        parts = [e["text"] for e in client.events if e.get("type") == "response"]
+        assert parts == ["Hello there,", "my friend. How are you today?"]
+    finally:
+        await client.close()

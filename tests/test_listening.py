@@ -107,8 +107,16 @@ async def test_barge_in_silences_the_reply(live_server: LiveServer) -> None:
         await client.wait_event(lambda e: e == {"type": "state", "state": "listening"}, 10)
         await asyncio.sleep(1.0)
         audio = client.received.audio[audio_start:]
+        session = live_server.manager.sessions[client.session_id]
+        history = [m.content for m in session.conversation.messages() if m.role == "assistant"]
+        full_reply = " ".join(e["text"] for e in client.events if e.get("type") == "response")
     finally:
         await client.close()
+
+    # The history keeps only the part of the cut answer that was played.
+    heard = history[0].split()
+    assert heard and len(heard) < len(full_reply.split()) // 2, (history, full_reply)
+    assert full_reply.split()[: len(heard)] == heard
 
     speech_onset = mic.sent_at(handle, onset)
     assert speech_onset is not None
