@@ -21,6 +21,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from musetalk_core.types import AvatarFrame, LipSyncEngine
 from rtc_server.media.clock import MonotonicClock
 from rtc_server.media.fallback import ResilientEngine
+from rtc_server.media.inbound import MicDownsampler
 from rtc_server.media.scheduler import AVScheduler
 from rtc_server.media.tracks import AvatarAudioTrack, AvatarVideoTrack
 from rtc_server.metrics import Metrics
@@ -220,15 +221,12 @@ class AvatarSession:
     async def _listen(self, track: MediaStreamTrack) -> None:
         model = self.providers.vad
         vad = VADStream(model, self.settings.vad) if model is not None else None
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=VAD_RATE)
+        downsample = MicDownsampler(VAD_RATE)
         loop = asyncio.get_running_loop()
 
         def step(frame: av.AudioFrame) -> list[VADEvent]:
             assert vad is not None
-            events: list[VADEvent] = []
-            for out in resampler.resample(frame):
-                events += vad.feed(out.to_ndarray().reshape(-1))
-            return events
+            return vad.feed(downsample(frame))
 
         with contextlib.suppress(MediaStreamError):
             while True:

@@ -147,3 +147,23 @@ async def test_low_latency_audio_replaces_the_receivers_jitter_buffer() -> None:
             low_latency_audio(video)
     finally:
         await pc.close()
+
+
+def test_microphone_downsampling_keeps_duration_and_pitch() -> None:
+    from rtc_server.media.inbound import MicDownsampler
+
+    downsample = MicDownsampler(16_000)
+    t = np.arange(48_000) / 48_000
+    tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    stereo = np.repeat(tone, 2).reshape(1, -1)  # interleaved s16, as aiortc decodes Opus
+    out = []
+    for i in range(0, 48_000, 960):
+        frame = av.AudioFrame.from_ndarray(
+            stereo[:, 2 * i : 2 * (i + 960)], format="s16", layout="stereo"
+        )
+        frame.sample_rate = 48_000
+        out.append(downsample(frame))
+    pcm = np.concatenate(out)
+    assert abs(len(pcm) - 16_000) <= 64  # the filter's delay, nothing like a wrong ratio
+    spectrum = np.abs(np.fft.rfft(pcm.astype(np.float32)))
+    assert abs(np.argmax(spectrum) * 16_000 / len(pcm) - 440) < 3

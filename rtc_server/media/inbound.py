@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import av
+import numpy as np
 from aiortc import RTCRtpTransceiver
 from aiortc.jitterbuffer import JitterBuffer
 
@@ -22,3 +24,18 @@ def low_latency_audio(transceiver: RTCRtpTransceiver, prefetch: int = MIC_PREFET
     transceiver.receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(  # type: ignore[attr-defined]
         capacity=16, prefetch=prefetch
     )
+
+
+class MicDownsampler:
+    """Microphone frames (aiortc hands Opus decoded at 48 kHz stereo) to mono int16 at ``rate``.
+
+    libswresample keeps its filter state across frames, so 20 ms pieces join without seams.
+    """
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+
+    def __call__(self, frame: av.AudioFrame) -> np.ndarray:
+        out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
+        return np.concatenate(out) if out else np.zeros(0, np.int16)
