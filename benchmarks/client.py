@@ -11,14 +11,14 @@ import contextlib
 import fractions
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import av
 import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCConfiguration
 
@@ -124,9 +124,13 @@ class CallClient:
 
         return handle
 
-    async def connect(self) -> str:
+    async def connect(self, *, video_codecs: Sequence[str] | None = None) -> str:
+        """Offer and connect; ``video_codecs`` (mimeTypes) restricts what the offer accepts."""
         self.pc.addTransceiver(self.microphone, direction="sendrecv")
-        self.pc.addTransceiver("video", direction="recvonly")
+        video = self.pc.addTransceiver("video", direction="recvonly")
+        if video_codecs is not None:
+            caps = RTCRtpSender.getCapabilities("video").codecs
+            video.setCodecPreferences([c for c in caps if c.mimeType in video_codecs])
         self._watch_arrivals()
         await self.pc.setLocalDescription(await self.pc.createOffer())
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer"}

@@ -124,3 +124,14 @@ async def test_data_channel_say_and_errors(live_server: LiveServer) -> None:
         await client.wait_state("listening", timeout=2)
     finally:
         await client.close()
+
+
+async def test_vp8_only_when_the_offer_has_no_h264(live_server: LiveServer) -> None:
+    client = CallClient(live_server.url)
+    try:
+        await client.connect(video_codecs=["video/VP8"])
+        await _wait_frames(client, 10)
+        assert client.video_codec() == "video/VP8"
+        assert client.received.video[-1][2].shape == (512, 512, 3)
+    finally:
+        await client.close()
