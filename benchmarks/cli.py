@@ -42,14 +42,25 @@ def _engine(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     r = engine.run(args.frames)
     print(
         table(
-            ["engine", "size", "speaking ms p50", "p95", "idle ms p50", "first frame ms"],
+            [
+                "engine",
+                "size",
+                "speaking wall ms p50",
+                "p95",
+                "speaking CPU ms/frame",
+                "idle wall ms p50",
+                "idle CPU ms/frame",
+                "first frame ms",
+            ],
             [
                 [
                     r["engine"],
                     "x".join(map(str, r["frame_size"])),
                     r["speaking_ms"]["p50"],
                     r["speaking_ms"]["p95"],
+                    r["speaking_cpu_ms_per_frame"],
                     r["idle_ms"]["p50"],
+                    r["idle_cpu_ms_per_frame"],
                     r["first_frame_ms"],
                 ]
             ],
