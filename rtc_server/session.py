@@ -46,6 +46,7 @@ from signaling.messages import parse_client_event
 logger = logging.getLogger(__name__)
 
 APOLOGY = "Sorry, I ran into a problem answering that."
+EARLY_STT = "early-stt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +137,11 @@ class AvatarSession:
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         self._speaking.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._log.error("task %s failed", task.get_name(), exc_info=task.exception())
+        if task.cancelled() or task.exception() is None:
+            return
+        if task.get_name().endswith(EARLY_STT):
+            return  # an early transcript fails into the turn that awaits it, which reports it
+        self._log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
     async def _connect_watchdog(self) -> None:
         await asyncio.sleep(self._connect_timeout_s)
@@ -246,7 +250,7 @@ class AvatarSession:
             # Transcribe while the hang-over runs: if the caller stays quiet, the text is
             # (nearly) ready when the turn ends, instead of only starting then.
             self._drop_early_transcript()
-            self._early_transcript = self._spawn(self._transcribe(event.audio), "early-stt")
+            self._early_transcript = self._spawn(self._transcribe(event.audio), EARLY_STT)
         elif isinstance(event, SpeechResume):
             self._drop_early_transcript()
         else:

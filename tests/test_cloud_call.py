@@ -143,3 +143,38 @@ async def test_first_sentence_plays_while_the_llm_is_still_writing(
         assert parts == ["Hello there,", "my friend. How are you today?"]
     finally:
         await client.close()
+
+
+async def test_speech_recognition_failing_gets_an_error_and_an_apology(
+    engine_factory: EngineFactory, cache_dir: Path, vendor: VendorServer
+) -> None:
+    from benchmarks.clip import speech_pcm
+    from benchmarks.latency import connect_caller
+    from tests.vendor_servers import TRANSCRIPTIONS
+
+    vendor.script(TRANSCRIPTIONS, Reply(status=401))
+    server, runner = await start_server(
+        engine_factory,
+        cache_dir,
+        stt="openai",
+        openai_api_key=OPENAI_KEY,
+        openai_base_url=vendor.openai_base,
+        provider_attempts=2,
+        provider_backoff_s=0.01,
+    )
+    try:
+        client, mic = await connect_caller(server.url)
+        try:
+            mic.play(await speech_pcm("What is the capital of France?"))
+            error = await client.wait_event(lambda e: e.get("type") == "error", 20)
+            assert error["code"] == "unauthorized" and "speech recognition" in error["message"]
+            await client.wait_state("speaking", 10)  # the apology, in the local voice
+            await client.wait_state("listening", 15)
+        finally:
+            await client.close()
+    finally:
+        await runner.cleanup()
+    # One request, not retried: a rejected key stays rejected. (The early transcript at the
+    # speech pause may add one more before the turn ends.)
+    assert 1 <= len(vendor.seen(TRANSCRIPTIONS)) <= 2
+    assert not any(e.get("type") == "transcript" for e in client.events)
