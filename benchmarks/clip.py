@@ -67,7 +67,11 @@ def render_clip_sync(frames: int, **kw: object) -> Clip:
 
 
 async def speech_pcm(text: str, sample_rate: int = 48_000) -> np.ndarray:
-    """``text`` spoken by the bundled Piper voice, mono int16 at ``sample_rate``."""
-    tts = PiperTTS.load()
+    """``text`` spoken by the bundled Piper voice, mono int16 at ``sample_rate``.
+
+    Deterministic: the same text gives the same audio, so a caller's words are the same input
+    in every run.
+    """
+    tts = PiperTTS.load(deterministic=True)
     parts = [resample_int16(c.pcm, c.sample_rate, sample_rate) async for c in tts.synthesize(text)]
     return np.concatenate(parts)

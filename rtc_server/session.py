@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 APOLOGY = "Sorry, I ran into a problem answering that."
 EARLY_STT = "early-stt"
+PAUSE_TAIL = VAD_RATE // 5
+"""Silence (200 ms) added after the audio of a pause before it is transcribed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +252,11 @@ class AvatarSession:
             # Transcribe while the hang-over runs: if the caller stays quiet, the text is
             # (nearly) ready when the turn ends, instead of only starting then.
             self._drop_early_transcript()
-            self._early_transcript = self._spawn(self._transcribe(event.audio), EARLY_STT)
+            # The pause is declared on the first quiet chunk, so the audio stops right at the
+            # last sound; Whisper needs the silence after a word to hear its ending ("France"
+            # came out "friends" without it). The end-of-turn audio has it from the hang-over.
+            audio = np.concatenate([event.audio, np.zeros(PAUSE_TAIL, np.int16)])
+            self._early_transcript = self._spawn(self._transcribe(audio), EARLY_STT)
         elif isinstance(event, SpeechResume):
             self._drop_early_transcript()
         else:

@@ -22,7 +22,7 @@ def model() -> SileroModel:
 
 def _speech(text: str) -> np.ndarray:
     async def synth() -> np.ndarray:
-        tts = PiperTTS.load()
+        tts = PiperTTS.load(deterministic=True)
         parts = [resample_int16(c.pcm, c.sample_rate, RATE) async for c in tts.synthesize(text)]
         return np.concatenate(parts)
 

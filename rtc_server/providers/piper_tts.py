@@ -25,12 +25,23 @@ class PiperTTS:
     iterator (cancellation, barge-in) stops synthesis before the next sentence.
     """
 
-    def __init__(self, voice: Any, executor: Executor | None = None) -> None:
+    def __init__(
+        self, voice: Any, executor: Executor | None = None, *, deterministic: bool = False
+    ) -> None:
         self._voice = voice
         self._executor = executor
+        self._config: Any = None
+        if deterministic:
+            # The voice samples noise for natural variation; without it the same text always
+            # gives the same audio (test and benchmark inputs).
+            from piper import SynthesisConfig
+
+            self._config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
 
     @classmethod
-    def load(cls, executor: Executor | None = None, *, threads: int = 1) -> PiperTTS:
+    def load(
+        cls, executor: Executor | None = None, *, threads: int = 1, deterministic: bool = False
+    ) -> PiperTTS:
         """Load the bundled voice; ``threads`` caps onnxruntime's intra-op threads.
 
         onnxruntime would take every core by default; a sentence synthesized on both cores of
@@ -58,7 +69,7 @@ class PiperTTS:
                 providers=["CPUExecutionProvider"],
             ),
         )
-        return cls(voice, executor)
+        return cls(voice, executor, deterministic=deterministic)
 
     @property
     def name(self) -> str:
@@ -71,7 +82,7 @@ class PiperTTS:
     async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
         loop = asyncio.get_running_loop()
         stop = threading.Event()
-        sentences: Iterator[Any] = iter(self._voice.synthesize(text))
+        sentences: Iterator[Any] = iter(self._voice.synthesize(text, syn_config=self._config))
         done = object()
 
         def next_sentence() -> Any:
