@@ -129,3 +129,49 @@ def fell_silent_at(
         if not loud[window].any() and window.sum() >= needed:
             return float(arrivals[i])
     return None
+
+
+def flash_onsets(times: np.ndarray, images: Sequence[np.ndarray]) -> np.ndarray:
+    """Times of frames that turn bright (mean level crossing mid-grey from below)."""
+    level = np.asarray([float(img.mean()) for img in images])
+    bright = level > 128
+    rising = np.flatnonzero(bright[1:] & ~bright[:-1]) + 1
+    return np.asarray(times)[rising]
+
+
+def beep_onsets(
+    block_times: np.ndarray, pcm: np.ndarray, sample_rate: int = 48_000, hz: float = 1000.0
+) -> np.ndarray:
+    """Times where a ``hz`` tone starts, to the millisecond.
+
+    ``block_times`` is the time of the first sample of each equal block of ``pcm`` (one block
+    per received audio frame). The tone's level is read in 1 ms steps over 4 ms windows.
+    """
+    block = len(pcm) // len(block_times)
+    x = pcm[: block * len(block_times)].astype(np.float64)
+    t = np.arange(len(x)) / sample_rate
+    ref = np.exp(-2j * np.pi * hz * t)
+    step, win = sample_rate // 1000, 4 * sample_rate // 1000
+    prod = x * ref
+    csum = np.concatenate([[0], np.cumsum(prod)])
+    starts = np.arange(0, len(x) - win, step)
+    level = np.abs(csum[starts + win] - csum[starts]) / win
+    on = level > 0.25 * level.max()
+    rising = np.flatnonzero(on[1:] & ~on[:-1]) + 1
+    # A window first reads 25 % of the tone when 1 ms of its 4 ms holds it: the tone began
+    # 3 ms after the window did.
+    sample_index = starts[rising] + win - win // 4
+    blocks = sample_index // block
+    return np.asarray(block_times)[blocks] + (sample_index % block) / sample_rate
+
+
+def paired_offsets_ms(flashes: np.ndarray, beeps: np.ndarray, max_ms: float = 400) -> np.ndarray:
+    """For each flash, flash minus the nearest beep, in ms (positive: video later)."""
+    out = []
+    for f in flashes:
+        if beeps.size == 0:
+            break
+        nearest = beeps[np.argmin(np.abs(beeps - f))]
+        if abs(f - nearest) * 1000 <= max_ms:
+            out.append((f - nearest) * 1000)
+    return np.asarray(out)

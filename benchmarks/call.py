@@ -16,7 +16,7 @@ from benchmarks.client import CallClient
 from benchmarks.report import summary
 from rtc_server.app import MANAGER, create_app
 from rtc_server.config import ServerConfig
-from rtc_server.engines import load_engine_factory
+from rtc_server.engines import EngineFactory, load_engine_factory
 
 SAYS = (
     "Hello there, it is good to see you today.",
@@ -27,10 +27,10 @@ SAYS = (
 )
 
 
-async def _server() -> tuple[str, web.AppRunner, Any]:
+async def _server(factory: EngineFactory | None = None) -> tuple[str, web.AppRunner, Any]:
     cache = Path(tempfile.gettempdir()) / "avatar-rtc-bench"
     config = ServerConfig(cache_dir=cache, ice_addresses=("127.0.0.1",))
-    factory = load_engine_factory(config)
+    factory = factory or load_engine_factory(config)
     app = create_app(config, engine_loader=lambda: factory)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

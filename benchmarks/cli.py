@@ -165,6 +165,29 @@ def _browser(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return {"says": args.says}, r
 
 
+def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import sync
+
+    r = sync.run(args.seconds, args.video_delay_ms)
+    o = r["offset_ms"]
+    print(
+        table(
+            ["injected video delay ms", "flashes", "offset ms p50", "p95", "min", "max"],
+            [
+                [
+                    r["injected_video_delay_ms"],
+                    r["flashes"],
+                    o.get("p50", float("nan")),
+                    o.get("p95", float("nan")),
+                    min(r["offsets_ms"] or [float("nan")]),
+                    o.get("max", float("nan")),
+                ]
+            ],
+        )
+    )
+    return {"seconds": args.seconds, "video_delay_ms": args.video_delay_ms}, r
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="avatar-rtc bench", description=__doc__)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -190,7 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
     vad.add_argument("--seconds", type=float, default=30.0)
     brw = sub.add_parser("browser", help="a call in Chromium: first frame, fps, A/V offset")
     brw.add_argument("--says", type=int, default=5)
-    for p in (enc, eng, cal, lat, vad, brw):
+    syn = sub.add_parser("sync", help="exact A/V offset of a call with the sync-test engine")
+    syn.add_argument("--seconds", type=float, default=6.0)
+    syn.add_argument(
+        "--video-delay-ms",
+        type=float,
+        default=0.0,
+        help="make the engine's video this much late, to check the measurement",
+    )
+    for p in (enc, eng, cal, lat, vad, brw, syn):
         p.add_argument("--json", type=Path, default=None, help="write results here")
     return parser
 
@@ -204,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency": _latency,
         "vad": _vad,
         "browser": _browser,
+        "sync": _sync,
     }[args.bench]
     settings, results = runner(args)
     if args.json is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENGINES = ("auto", "warp")
+ENGINES = ("auto", "warp", "sync-test")
 STTS = ("auto", "local", "openai")
 LLMS = ("auto", "echo", "openai")
 TTSS = ("auto", "piper", "elevenlabs", "openai")

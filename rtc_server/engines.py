@@ -31,6 +31,15 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
 
     Raises ``musetalk_core.avatar.AvatarError`` with a readable message for a bad portrait.
     """
+    if config.engine == "sync-test":
+        from musetalk_core.synctest import SyncTestEngine
+
+        logger.info("lip-sync engine: sync-test (asked for: flash and beep once a second)")
+        return EngineFactory(
+            "sync-test",
+            "asked for: a flash and a beep on the same instant, once a second",
+            lambda: SyncTestEngine(fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
+        )
     from musetalk_core.avatar import builtin_portrait, load_portrait, prepare_avatar
     from musetalk_core.warp import WarpEngine
 
