@@ -223,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for p in (enc, eng, cal, lat, vad, brw, syn):
         p.add_argument("--json", type=Path, default=None, help="write results here")
+        p.add_argument("--plot", type=Path, default=None, help="draw them into this PNG")
     return parser
 
 
@@ -241,4 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         write_json(args.json, args.bench, settings, results)
         print(f"wrote {args.json}")
+    if args.plot is not None:
+        from benchmarks.plots import plot
+
+        plot(args.bench, results, args.plot)
+        print(f"wrote {args.plot}")
     return 0

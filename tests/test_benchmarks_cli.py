@@ -12,7 +12,9 @@ from benchmarks.cli import main
 
 def _run(tmp_path: Path, *argv: str) -> dict:  # type: ignore[type-arg]
     out = tmp_path / "out.json"
-    assert main([*argv, "--json", str(out)]) == 0
+    png = tmp_path / "out.png"
+    assert main([*argv, "--json", str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     doc = json.loads(out.read_text())
     assert doc["schema"] == 1 and doc["benchmark"] == argv[0]
     assert {"cpu", "cores", "python"} <= set(doc["machine"])

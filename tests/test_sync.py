@@ -46,8 +46,10 @@ def test_bench_sync_recovers_a_known_video_delay(tmp_path: Path, delay_ms: float
     import json
 
     out = tmp_path / "sync.json"
+    png = tmp_path / "sync.png"
     argv = ["sync", "--seconds", "4", "--video-delay-ms", str(delay_ms), "--json", str(out)]
-    assert main(argv) == 0
+    assert main([*argv, "--plot", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
     r = json.loads(out.read_text())["results"]
     assert r["flashes"] >= 2
     assert all(abs(o - delay_ms) <= 15 for o in r["offsets_ms"]), r["offsets_ms"]

@@ -1,0 +1,94 @@
+"""``--plot PATH``: one PNG per benchmark run (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _figure(title: str, panels: int = 1) -> tuple[Any, list[Any]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), squeeze=False)
+    fig.suptitle(title)
+    return fig, list(axes[0])
+
+
+def _histogram(ax: Any, samples: Sequence[float], xlabel: str) -> None:
+    ax.hist(list(samples), bins=30, color="#2563eb")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("count")
+
+
+def plot(bench: str, results: Any, path: Path) -> None:
+    """Draw ``results`` of ``bench`` (as the subcommand returns them) into ``path``."""
+    import matplotlib.pyplot as plt
+
+    if bench == "latency":
+        fig, (dist, stages) = _figure("Reply latency", 2)
+        client = [t["client_first_audio_ms"] for t in results["raw"]["turns"]]
+        _histogram(
+            dist, [c for c in client if c is not None], "end of speech -> first reply audio (ms)"
+        )
+        names = list(results["server_stages_ms"])
+        stages.barh(names, [results["server_stages_ms"][n]["p50"] for n in names], color="#2563eb")
+        stages.set_xlabel("server stage p50 (ms)")
+    elif bench == "encode":
+        fig, (cpu, kbps) = _figure("Encoding the avatar clip", 2)
+        names = [r["codec"] for r in results]
+        cpu.bar(names, [r["cpu_ms"]["p50"] for r in results], label="p50", color="#2563eb")
+        cpu.bar(
+            names,
+            [r["cpu_ms"]["p95"] - r["cpu_ms"]["p50"] for r in results],
+            bottom=[r["cpu_ms"]["p50"] for r in results],
+            label="to p95",
+            color="#93c5fd",
+        )
+        cpu.set_ylabel("CPU ms per frame")
+        cpu.legend()
+        kbps.bar(names, [r["kbps"] for r in results], color="#15803d")
+        kbps.set_ylabel("kbps")
+        for ax in (cpu, kbps):
+            ax.tick_params(axis="x", labelrotation=15)
+    elif bench == "sync":
+        fig, (ax,) = _figure(f"A/V offset, injected {results['injected_video_delay_ms']} ms")
+        _histogram(ax, results["offsets_ms"], "flash - beep (ms, + = video later)")
+    elif bench == "browser":
+        fig, (ax,) = _figure("A/V offset in Chromium, per say")
+        offsets = results["av_offset_per_say_ms"]
+        ax.bar(range(1, len(offsets) + 1), offsets, color="#2563eb")
+        ax.axhline(45, color="#b91c1c", linestyle="--")
+        ax.axhline(-45, color="#b91c1c", linestyle="--")
+        ax.set_xlabel("say")
+        ax.set_ylabel("offset (ms, + = audio later)")
+    elif bench == "call":
+        fig, (ax,) = _figure(f"Receiver: {results['receiver_fps']:.2f} fps")
+        ax.bar(
+            ["p50", "p95", "p99", "max"],
+            [results["frame_interval_ms"][k] for k in ("p50", "p95", "p99", "max")],
+        )
+        ax.set_ylabel("frame interval (ms)")
+    elif bench == "engine":
+        fig, (ax,) = _figure(f"{results['engine']} engine per frame")
+        ax.bar(
+            ["speaking p50", "speaking p95", "idle p50"],
+            [
+                results["speaking_ms"]["p50"],
+                results["speaking_ms"]["p95"],
+                results["idle_ms"]["p50"],
+            ],
+        )
+        ax.set_ylabel("wall ms")
+    elif bench == "vad":
+        fig, (ax,) = _figure("Silero VAD per 32 ms chunk")
+        ax.bar(["p50", "p95", "max"], [results["cost_ms"][k] for k in ("p50", "p95", "max")])
+        ax.set_ylabel("ms")
+    else:
+        raise ValueError(f"no plot for {bench!r}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
