@@ -188,6 +188,27 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return {"seconds": args.seconds, "video_delay_ms": args.video_delay_ms}, r
 
 
+def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import load
+
+    r = load.run(args.max_calls)
+    rows = [
+        [
+            s["calls"],
+            s["worst_mean_interval_ms"],
+            s["worst_max_interval_ms"],
+            s["latency_ms"].get("p95", float("nan")),
+            "yes" if s["smooth"] else "no",
+        ]
+        for s in r["steps"]
+    ]
+    print(
+        table(["calls", "worst mean interval ms", "worst max ms", "reply p95 ms", "smooth"], rows)
+    )
+    print(f"largest smooth: {r['largest_smooth_calls']} call(s)")
+    return {"max_calls": args.max_calls}, r
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="avatar-rtc bench", description=__doc__)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -221,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="make the engine's video this much late, to check the measurement",
     )
-    for p in (enc, eng, cal, lat, vad, brw, syn):
+    lod = sub.add_parser("load", help="add calls until one is no longer smooth")
+    lod.add_argument("--max-calls", type=int, default=8)
+    for p in (enc, eng, cal, lat, vad, brw, syn, lod):
         p.add_argument("--json", type=Path, default=None, help="write results here")
         p.add_argument("--plot", type=Path, default=None, help="draw them into this PNG")
     return parser
@@ -237,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "vad": _vad,
         "browser": _browser,
         "sync": _sync,
+        "load": _load,
     }[args.bench]
     settings, results = runner(args)
     if args.json is not None:

@@ -24,6 +24,8 @@ from aiortc.rtcconfiguration import RTCConfiguration
 
 from rtc_server.ice import restrict_host_addresses
 
+_NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
+
 
 async def make_offer(*, audio: bool = True, video: bool = True) -> str:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -100,9 +102,8 @@ class CallClient:
                 if not self.record:
                     continue
                 if isinstance(frame, av.VideoFrame):
-                    if not self.record_video:
-                        continue
-                    image = frame.to_ndarray(format="rgb24")
+                    # Without images (load runs) the arrival times are still kept.
+                    image = frame.to_ndarray(format="rgb24") if self.record_video else _NO_IMAGE
                     self.received.video.append((arrival, frame.pts, image))
                 else:
                     pcm = frame.to_ndarray()

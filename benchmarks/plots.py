@@ -87,6 +87,26 @@ def plot(bench: str, results: Any, path: Path) -> None:
         fig, (ax,) = _figure("Silero VAD per 32 ms chunk")
         ax.bar(["p50", "p95", "max"], [results["cost_ms"][k] for k in ("p50", "p95", "max")])
         ax.set_ylabel("ms")
+    elif bench == "load":
+        fig, (ax,) = _figure(f"Load: {results['largest_smooth_calls']} smooth call(s)")
+        calls = [s["calls"] for s in results["steps"]]
+        ax.plot(
+            calls,
+            [s["worst_mean_interval_ms"] for s in results["steps"]],
+            "o-",
+            label="worst mean frame interval",
+        )
+        ax.plot(
+            calls,
+            [s["worst_max_interval_ms"] for s in results["steps"]],
+            "o-",
+            label="worst max frame interval",
+        )
+        ax.axhline(42, color="#b91c1c", linestyle="--")
+        ax.axhline(80, color="#b45309", linestyle="--")
+        ax.set_xlabel("calls")
+        ax.set_ylabel("ms")
+        ax.legend()
     else:
         raise ValueError(f"no plot for {bench!r}")
     fig.tight_layout()

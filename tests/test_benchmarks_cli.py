@@ -65,3 +65,12 @@ def test_bench_browser(tmp_path: Path) -> None:
     r = _run(tmp_path, "browser", "--says", "1")
     assert r["codec"] == "video/H264" and r["decoded_fps"] > 20
     assert len(r["av_offset_per_say_ms"]) == 1 and r["connect_to_first_frame_ms"] > 0
+
+
+@pytest.mark.slow
+def test_bench_load(tmp_path: Path) -> None:
+    r = _run(tmp_path, "load", "--max-calls", "1")
+    step = r["steps"][0]
+    assert step["calls"] == 1 and step["latency_ms"]["n"] == 1
+    assert 35 < step["worst_mean_interval_ms"] < 45  # 25 fps pacing, not a speed claim
+    assert r["largest_smooth_calls"] == (1 if step["smooth"] else 0)
