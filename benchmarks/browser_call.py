@@ -29,7 +29,7 @@ from benchmarks.browser import (
     wait_for_state,
 )
 from benchmarks.call import SAYS, _server
-from benchmarks.report import summary
+from benchmarks.report import progress, summary
 
 FIRST_FRAME_JS = """
 () => {
@@ -70,6 +70,7 @@ async def _measure(says: int) -> dict[str, Any]:
                     await wait_for_state(page, "speaking", timeout_s=10)
                     await wait_for_state(page, "listening", timeout_s=30)
                     segments.append((start, await page_now(page)))
+                    progress(f"say {i + 1}/{says}")
                 after = await call_stats(page)
                 probe = await collect_sync_probe(page)
     finally:

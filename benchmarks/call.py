@@ -13,7 +13,7 @@ from aiohttp import web
 
 from benchmarks.analysis import av_offset, frame_intervals_ms, mouth_motion, stream_times
 from benchmarks.client import CallClient
-from benchmarks.report import summary
+from benchmarks.report import progress, summary
 from rtc_server.app import MANAGER, create_app
 from rtc_server.config import ServerConfig
 from rtc_server.engines import EngineFactory, load_engine_factory
@@ -61,6 +61,7 @@ async def _measure(says: int, url: str | None) -> dict[str, Any]:
             await client.say(SAYS[i % len(SAYS)])
             await client.wait_state("speaking", timeout=10)
             await client.wait_state("listening", timeout=30)
+            progress(f"say {i + 1}/{says}")
             await asyncio.sleep(0.2)
             video = client.received.video[v0:]
             audio = client.received.audio[a0:]

@@ -16,7 +16,7 @@ from aiortc.codecs.vpx import Vp8Decoder, Vp8Encoder, vp8_depayload
 from aiortc.jitterbuffer import JitterFrame
 
 from benchmarks.clip import Clip
-from benchmarks.report import summary
+from benchmarks.report import progress, summary
 from rtc_server.media.h264 import TunedH264Encoder
 
 
@@ -72,9 +72,10 @@ def run_codec(codec: Codec, clip: Clip) -> dict[str, Any]:
 def run(clip: Clip, rounds: int = 1) -> list[dict[str, Any]]:
     """Codecs interleaved round by round, so machine noise hits them alike."""
     results: dict[str, list[dict[str, Any]]] = {c.name: [] for c in CODECS}
-    for _ in range(rounds):
+    for r in range(rounds):
         for codec in CODECS:
             results[codec.name].append(run_codec(codec, clip))
+            progress(f"round {r + 1}/{rounds}: {codec.name}")
     merged = []
     for codec in CODECS:
         runs = results[codec.name]

@@ -20,7 +20,7 @@ from benchmarks.analysis import fell_silent_at, first_loud_after, voiced_span
 from benchmarks.call import _server
 from benchmarks.client import CallClient, Microphone
 from benchmarks.clip import speech_pcm
-from benchmarks.report import summary
+from benchmarks.report import progress, summary
 
 QUESTIONS = (
     "Hello.",
@@ -61,6 +61,7 @@ async def _turns(url: str, turns: int, pcms: list[np.ndarray], offset: int) -> l
             first = first_loud_after(client.received.audio[start:], speech_end or 0.0)
             client_ms = None if first is None or speech_end is None else (first - speech_end) * 1000
             results.append({"client_first_audio_ms": client_ms, "server": turn["metrics"]})
+            progress(f"caller {offset + 1}: turn {i + 1}/{turns}")
             await asyncio.sleep(0.5)
     finally:
         await client.close()
@@ -86,6 +87,7 @@ async def _barge_ins(url: str, count: int) -> list[float]:
             stop = fell_silent_at(client.received.audio[start:], speech_onset)
             if stop is not None:
                 cuts.append((stop - speech_onset) * 1000)
+            progress(f"barge-in {len(cuts)}/{count}")
             # Let the answer to the interruption play out before the next round.
             await client.wait_event(lambda e: e.get("type") == "turn", 60)
             await client.wait_event(lambda e: e.get("type") == "turn", 60)

@@ -71,3 +71,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr, so tables and --json output stay clean."""
+    print(f"  .. {message}", file=sys.stderr, flush=True)

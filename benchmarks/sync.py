@@ -17,7 +17,7 @@ import numpy as np
 from benchmarks.analysis import beep_onsets, flash_onsets, paired_offsets_ms, stream_times
 from benchmarks.call import _server
 from benchmarks.client import CallClient
-from benchmarks.report import summary
+from benchmarks.report import progress, summary
 from musetalk_core.synctest import SyncTestEngine
 from rtc_server.engines import VIDEO_FPS, EngineFactory
 from rtc_server.media.clock import AUDIO_RATE
@@ -38,6 +38,7 @@ async def _measure(seconds: float, video_delay_ms: float) -> dict[str, Any]:
     client = CallClient(url)
     try:
         await client.connect()
+        progress(f"recording {seconds:.0f} s of flashes and beeps")
         await asyncio.sleep(seconds)
         video = list(client.received.video)
         audio = list(client.received.audio)
