@@ -95,3 +95,51 @@ async def _measure(says: int) -> dict[str, Any]:
 
 def run(says: int) -> dict[str, Any]:
     return asyncio.run(_measure(says))
+
+
+async def _measure_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]:
+    """The sync-test engine's flashes and beeps, as Chromium presents and plays them."""
+    from musetalk_core.synctest import SyncTestEngine
+    from rtc_server.engines import VIDEO_FPS, EngineFactory
+    from rtc_server.media.clock import AUDIO_RATE
+
+    missing = chromium_missing()
+    if missing:
+        raise RuntimeError(missing)
+    engine = EngineFactory(
+        "sync-test",
+        "bench",
+        lambda: SyncTestEngine(
+            fps=VIDEO_FPS, sample_rate=AUDIO_RATE, video_delay_ms=video_delay_ms
+        ),
+    )
+    url, runner, _ = await _server(engine)
+    w, h = 512, 512
+    try:
+        with tempfile.TemporaryDirectory() as profile:
+            async with chromium_page(Path(profile)) as page:
+                await start_call(page, f"{url}/")
+                await wait_for_sender_reports(page, 2)
+                await wait_for_audio_buffer_to_settle(page)
+                await asyncio.sleep(3.0)
+                # The whole frame is the "mouth": a flash is all the motion there is.
+                await install_sync_probe(page, (0, 0, w, h))
+                progress(f"recording {seconds:.0f} s of flashes and beeps in Chromium")
+                await asyncio.sleep(seconds)
+                stats = await call_stats(page)
+                probe = await collect_sync_probe(page)
+    finally:
+        await runner.cleanup()
+    report = measure_sync(probe, stats)
+    return {
+        "injected_video_delay_ms": video_delay_ms,
+        # measure_sync's sign: + = audio heard after the video; as an offset of the video
+        # against the audio (bench sync's sign) that is the negative.
+        "offset_ms": -report.heard.estimate.offset_ms,
+        "correlation": report.heard.estimate.peak,
+        "overall": report.summary(),
+    }
+
+
+def run_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]:
+    return asyncio.run(_measure_sync(seconds, video_delay_ms))

@@ -166,6 +166,18 @@ def _browser(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    if args.browser:
+        from benchmarks import browser_call
+
+        b = browser_call.run_sync(args.seconds, args.video_delay_ms)
+        print(
+            table(
+                ["injected video delay ms", "offset in Chromium ms (+ = video later)", "corr"],
+                [[b["injected_video_delay_ms"], b["offset_ms"], b["correlation"]]],
+            )
+        )
+        settings = {"seconds": args.seconds, "video_delay_ms": args.video_delay_ms}
+        return {**settings, "browser": True}, b
     from benchmarks import sync
 
     r = sync.run(args.seconds, args.video_delay_ms)
@@ -241,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="make the engine's video this much late, to check the measurement",
+    )
+    syn.add_argument(
+        "--browser",
+        action="store_true",
+        help="measure in Chromium (what a viewer sees and hears) instead of an aiortc caller",
     )
     lod = sub.add_parser("load", help="add calls until one is no longer smooth")
     lod.add_argument("--max-calls", type=int, default=8)

@@ -54,6 +54,10 @@ def plot(bench: str, results: Any, path: Path) -> None:
         kbps.set_ylabel("kbps")
         for ax in (cpu, kbps):
             ax.tick_params(axis="x", labelrotation=15)
+    elif bench == "sync" and "offsets_ms" not in results:
+        fig, (ax,) = _figure("A/V offset in Chromium (sync-test engine)")
+        ax.bar(["injected", "measured"], [results["injected_video_delay_ms"], results["offset_ms"]])
+        ax.set_ylabel("ms, + = video later")
     elif bench == "sync":
         fig, (ax,) = _figure(f"A/V offset, injected {results['injected_video_delay_ms']} ms")
         _histogram(ax, results["offsets_ms"], "flash - beep (ms, + = video later)")

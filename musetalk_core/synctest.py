@@ -16,7 +16,8 @@ import numpy as np
 from musetalk_core.types import AudioChunk, AvatarFrame
 
 BEEP_HZ = 1000.0
-BEEP_S = 0.060
+BEEP_S = 0.040
+"""As long as the flash (one frame), so the two edges of each line up in a cross-correlation."""
 
 
 class SyncTestEngine:

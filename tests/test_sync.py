@@ -53,3 +53,25 @@ def test_bench_sync_recovers_a_known_video_delay(tmp_path: Path, delay_ms: float
     r = json.loads(out.read_text())["results"]
     assert r["flashes"] >= 2
     assert all(abs(o - delay_ms) <= 15 for o in r["offsets_ms"]), r["offsets_ms"]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_bench_sync_in_chromium_sees_an_injected_delay(tmp_path: Path) -> None:
+    import json
+
+    from benchmarks.browser import chromium_missing
+
+    if chromium_missing():
+        pytest.skip(chromium_missing() or "")
+    measured = {}
+    for delay in (0.0, 120.0):
+        out = tmp_path / f"sync{delay}.json"
+        argv = ["sync", "--browser", "--seconds", "4", "--video-delay-ms", str(delay)]
+        assert main([*argv, "--json", str(out)]) == 0
+        r = json.loads(out.read_text())["results"]
+        assert r["correlation"] > 0.5
+        measured[delay] = r["offset_ms"]
+    # Chromium adds its own skew (STACK.md §10) to both; the injected delay shows in full.
+    assert abs((measured[120.0] - measured[0.0]) - 120) <= 15, measured
+    assert abs(measured[0.0]) <= 45, measured
