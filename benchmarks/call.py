@@ -81,6 +81,7 @@ async def _measure(says: int, url: str | None) -> dict[str, Any]:
         "connect_to_first_frame_ms": first_frame_ms,
         "receiver_fps": (len(arrivals) - 1) / duration,
         "frame_interval_ms": summary(frame_intervals_ms(arrivals).tolist()),
+        "frame_interval_ms_samples": frame_intervals_ms(arrivals).tolist(),
         "lipsync": offsets,
         "lipsync_offset_ms": summary([o["offset_ms"] for o in offsets]),
     }

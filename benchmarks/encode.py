@@ -88,6 +88,7 @@ def run(clip: Clip, rounds: int = 1) -> list[dict[str, Any]]:
                 "wall_ms_p50": float(np.median([r["wall_ms"]["p50"] for r in runs])),
                 "kbps": float(np.median([r["kbps"] for r in runs])),
                 "psnr_db": float(np.median([r["psnr_db"]["mean"] for r in runs])),
+                "cpu_ms_samples": cpu,
             }
         )
     return merged

@@ -52,6 +52,7 @@ async def _measure(frames: int) -> dict[str, Any]:
         # Whole-process CPU (render, blend, audio analysis, the thread hand-off) per frame.
         "speaking_cpu_ms_per_frame": cpu["speaking"] / frames,
         "idle_cpu_ms_per_frame": cpu["idle"] / frames,
+        "raw": {k: v[:frames] for k, v in samples.items()},
     }
 
 

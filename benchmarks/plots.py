@@ -29,14 +29,38 @@ def plot(bench: str, results: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     if bench == "latency":
-        fig, (dist, stages) = _figure("Reply latency", 2)
-        client = [t["client_first_audio_ms"] for t in results["raw"]["turns"]]
+        fig, (dist, timeline) = _figure("Reply latency", 2)
+        turns = results["raw"]["turns"]
+        client = [t["client_first_audio_ms"] for t in turns]
         _histogram(
             dist, [c for c in client if c is not None], "end of speech -> first reply audio (ms)"
         )
-        names = list(results["server_stages_ms"])
-        stages.barh(names, [results["server_stages_ms"][n]["p50"] for n in names], color="#2563eb")
-        stages.set_xlabel("server stage p50 (ms)")
+        # One bar per turn: its stages end to end, from the end of the caller's speech.
+        stages = [
+            "vad_end_ms",
+            "stt_ms",
+            "llm_first_token_ms",
+            "tts_first_audio_ms",
+            "engine_first_frame_ms",
+        ]
+        colours = ["#94a3b8", "#2563eb", "#15803d", "#b45309", "#7c3aed"]
+        for i, turn in enumerate(turns):
+            left = 0.0
+            for stage, colour in zip(stages, colours, strict=True):
+                width = turn["server"].get(stage, 0.0)
+                timeline.barh(
+                    i,
+                    width,
+                    left=left,
+                    color=colour,
+                    label=stage.removesuffix("_ms") if i == 0 else None,
+                )
+                left += width
+            if client[i] is not None:
+                timeline.plot(client[i], i, "k|", markersize=12)
+        timeline.set_xlabel("ms after the end of speech (| = first audio at the caller)")
+        timeline.set_ylabel("turn")
+        timeline.legend(fontsize="small")
     elif bench == "encode":
         fig, (cpu, kbps) = _figure("Encoding the avatar clip", 2)
         names = [r["codec"] for r in results]

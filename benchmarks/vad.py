@@ -31,4 +31,5 @@ def run(seconds: float = 30.0) -> dict[str, Any]:
         "chunk_ms": CHUNK / SAMPLE_RATE * 1000,
         "cost_ms": s,
         "real_time_share": s["mean"] / (CHUNK / SAMPLE_RATE * 1000),
+        "cost_ms_samples": costs,
     }

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from benchmarks.cli import main
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "benchmarks" / "schema.json").read_text())
 
 
 def _run(tmp_path: Path, *argv: str) -> dict:  # type: ignore[type-arg]
@@ -16,6 +19,7 @@ def _run(tmp_path: Path, *argv: str) -> dict:  # type: ignore[type-arg]
     assert main([*argv, "--json", str(out), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
     assert doc["schema"] == 1 and doc["benchmark"] == argv[0]
     assert {"cpu", "cores", "python"} <= set(doc["machine"])
     assert {"aiortc", "av"} <= set(doc["versions"])
