@@ -42,12 +42,18 @@ FIRST_FRAME_JS = """
 """
 
 
-async def _measure(says: int) -> dict[str, Any]:
+async def _measure(
+    says: int, url: str | None, mouth_box: tuple[int, int, int, int] | None
+) -> dict[str, Any]:
     missing = chromium_missing()
     if missing:
         raise RuntimeError(missing)
-    url, runner, factory = await _server()
-    assert factory.mouth_box is not None
+    runner = None
+    if url is None:
+        url, runner, factory = await _server()
+        mouth_box = factory.mouth_box
+    if mouth_box is None:
+        raise ValueError("with --url, give the avatar's --mouth-box (prepare-avatar prints it)")
     try:
         with tempfile.TemporaryDirectory() as profile:
             async with chromium_page(Path(profile)) as page:
@@ -61,7 +67,7 @@ async def _measure(says: int) -> dict[str, Any]:
                 await wait_for_sender_reports(page, 2)
                 await wait_for_audio_buffer_to_settle(page)
                 await asyncio.sleep(3.0)
-                await install_sync_probe(page, factory.mouth_box)
+                await install_sync_probe(page, mouth_box)
                 segments = []
                 before = await call_stats(page)
                 for i in range(says):
@@ -74,7 +80,8 @@ async def _measure(says: int) -> dict[str, Any]:
                 after = await call_stats(page)
                 probe = await collect_sync_probe(page)
     finally:
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
     report = measure_sync(probe, after, segments)
     v0, v1 = before["video"], after["video"]
     seconds = (v1["timestamp"] - v0["timestamp"]) / 1000
@@ -93,8 +100,10 @@ async def _measure(says: int) -> dict[str, Any]:
     }
 
 
-def run(says: int) -> dict[str, Any]:
-    return asyncio.run(_measure(says))
+def run(
+    says: int, url: str | None = None, mouth_box: tuple[int, int, int, int] | None = None
+) -> dict[str, Any]:
+    return asyncio.run(_measure(says, url, mouth_box))
 
 
 async def _measure_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]:

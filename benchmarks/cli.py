@@ -145,7 +145,10 @@ def _vad(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 def _browser(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from benchmarks import browser_call
 
-    r = browser_call.run(args.says)
+    box = tuple(int(v) for v in args.mouth_box.split(",")) if args.mouth_box else None
+    if box is not None and len(box) != 4:
+        raise SystemExit("--mouth-box is x,y,w,h")
+    r = browser_call.run(args.says, args.url, box)
     o = r["av_offset_ms"]
     print(
         table(
@@ -180,7 +183,7 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         return {**settings, "browser": True}, b
     from benchmarks import sync
 
-    r = sync.run(args.seconds, args.video_delay_ms)
+    r = sync.run(args.seconds, args.video_delay_ms, args.url)
     o = r["offset_ms"]
     print(
         table(
@@ -203,7 +206,7 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from benchmarks import load
 
-    r = load.run(args.max_calls)
+    r = load.run(args.max_calls, args.url)
     rows = [
         [
             s["calls"],
@@ -246,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     vad.add_argument("--seconds", type=float, default=30.0)
     brw = sub.add_parser("browser", help="a call in Chromium: first frame, fps, A/V offset")
     brw.add_argument("--says", type=int, default=5)
+    brw.add_argument("--mouth-box", default=None, help="x,y,w,h of the mouth, with --url")
     syn = sub.add_parser("sync", help="exact A/V offset of a call with the sync-test engine")
     syn.add_argument("--seconds", type=float, default=6.0)
     syn.add_argument(
@@ -261,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lod = sub.add_parser("load", help="add calls until one is no longer smooth")
     lod.add_argument("--max-calls", type=int, default=8)
+    for p in (brw, syn, lod):
+        p.add_argument("--url", default=None, help="a running server (default: in-process)")
     for p in (enc, eng, cal, lat, vad, brw, syn, lod):
         p.add_argument("--json", type=Path, default=None, help="write results here")
         p.add_argument("--plot", type=Path, default=None, help="draw them into this PNG")

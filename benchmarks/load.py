@@ -51,8 +51,10 @@ async def _step(callers: list[tuple[CallClient, Microphone]], pcm: np.ndarray) -
     }
 
 
-async def _measure(max_calls: int) -> dict[str, Any]:
-    url, process = await spawn_server()
+async def _measure(max_calls: int, url: str | None) -> dict[str, Any]:
+    process = None
+    if url is None:
+        url, process = await spawn_server()
     pcm = await speech_pcm(QUESTIONS[1])
     callers: list[tuple[CallClient, Microphone]] = []
     steps: list[dict[str, Any]] = []
@@ -81,10 +83,11 @@ async def _measure(max_calls: int) -> dict[str, Any]:
     finally:
         for client, _ in callers:
             await client.close()
-        process.terminate()
-        await process.wait()
+        if process is not None:
+            process.terminate()
+            await process.wait()
     return {"largest_smooth_calls": largest, "max_calls_tried": len(steps), "steps": steps}
 
 
-def run(max_calls: int = 8) -> dict[str, Any]:
-    return asyncio.run(_measure(max_calls))
+def run(max_calls: int = 8, url: str | None = None) -> dict[str, Any]:
+    return asyncio.run(_measure(max_calls, url))

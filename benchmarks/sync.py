@@ -26,15 +26,19 @@ OPUS_DECODER_DELAY_S = 312 / 48_000
 """libopus hands back decoded audio 312 samples after the RTP time it belongs to."""
 
 
-async def _measure(seconds: float, video_delay_ms: float) -> dict[str, Any]:
-    factory = EngineFactory(
-        "sync-test",
-        "bench",
-        lambda: SyncTestEngine(
-            fps=VIDEO_FPS, sample_rate=AUDIO_RATE, video_delay_ms=video_delay_ms
-        ),
-    )
-    url, runner, _ = await _server(factory)
+async def _measure(seconds: float, video_delay_ms: float, url: str | None) -> dict[str, Any]:
+    runner = None
+    if url is None:
+        factory = EngineFactory(
+            "sync-test",
+            "bench",
+            lambda: SyncTestEngine(
+                fps=VIDEO_FPS, sample_rate=AUDIO_RATE, video_delay_ms=video_delay_ms
+            ),
+        )
+        url, runner, _ = await _server(factory)
+    elif video_delay_ms:
+        raise ValueError("--video-delay-ms works on the in-process server only")
     client = CallClient(url)
     try:
         await client.connect()
@@ -44,7 +48,8 @@ async def _measure(seconds: float, video_delay_ms: float) -> dict[str, Any]:
         audio = list(client.received.audio)
     finally:
         await client.close()
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
     vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
     at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
     flashes = flash_onsets(vt, [img for _, _, img in video])
@@ -59,5 +64,8 @@ async def _measure(seconds: float, video_delay_ms: float) -> dict[str, Any]:
     }
 
 
-def run(seconds: float = 6.0, video_delay_ms: float = 0.0) -> dict[str, Any]:
-    return asyncio.run(_measure(seconds, video_delay_ms))
+def run(
+    seconds: float = 6.0, video_delay_ms: float = 0.0, url: str | None = None
+) -> dict[str, Any]:
+    """``url``: a running server started with ``--engine sync-test``."""
+    return asyncio.run(_measure(seconds, video_delay_ms, url))
