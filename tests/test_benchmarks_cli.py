@@ -29,8 +29,13 @@ def _run(tmp_path: Path, *argv: str) -> dict:  # type: ignore[type-arg]
 def test_bench_encode(tmp_path: Path) -> None:
     results = _run(tmp_path, "encode", "--frames", "30", "--rounds", "1")
     names = [r["codec"] for r in results]
-    assert names == ["h264-ours", "h264-aiortc-default", "vp8-aiortc-default"]
+    assert names[:3] == ["h264-ours", "h264-aiortc-default", "vp8-aiortc-default"]
+    assert names[3].startswith("jpeg-q")
+    jpeg = results[3]
+    assert jpeg["psnr_db"] >= results[0]["psnr_db"] - 0.5  # equal quality, at least
+    assert jpeg["bandwidth_vs_h264_ours"] > 1  # per-frame JPEG costs more than video
     for r in results:
+        assert 0.5 < r["ssim"] <= 1
         assert r["frames"] == 30 and r["kbps"] > 0 and r["cpu_ms"]["p50"] > 0
         assert 25 < r["psnr_db"] < 99  # decoded frames really compared with the source
 
