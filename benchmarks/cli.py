@@ -117,6 +117,16 @@ def _latency(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             r["client_first_audio_ms"]["n"],
         ]
     ]
+    frame = r["client_first_speaking_frame_ms"]
+    if frame["n"]:
+        rows.append(
+            [
+                "client: end of speech -> first speaking frame",
+                frame["p50"],
+                frame["p95"],
+                frame["n"],
+            ]
+        )
     for stage, s in r["server_stages_ms"].items():
         rows.append([f"server: {stage}", s["p50"], s["p95"], s["n"]])
     if r["barge_in_ms"]["n"]:
@@ -184,6 +194,10 @@ def _browser(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    if args.lipsync:
+        # The avatar itself: mouth motion against the audio envelope's change, per say.
+        settings, r = _call(argparse.Namespace(says=args.says, url=args.url))
+        return {**settings, "lipsync": True}, r
     if args.browser:
         from benchmarks import browser_call
 
@@ -273,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="make the engine's video this much late, to check the measurement",
     )
+    syn.add_argument(
+        "--lipsync",
+        action="store_true",
+        help="measure the avatar's lip-sync by cross-correlation instead (as bench call)",
+    )
+    syn.add_argument("--says", type=int, default=5, help="with --lipsync")
     syn.add_argument(
         "--browser",
         action="store_true",

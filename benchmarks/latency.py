@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from benchmarks.analysis import fell_silent_at, first_loud_after, voiced_span
+from benchmarks.analysis import fell_silent_at, first_loud_after, mouth_motion, voiced_span
 from benchmarks.call import _server
 from benchmarks.client import CallClient, Microphone
 from benchmarks.clip import speech_pcm
@@ -46,21 +46,57 @@ async def connect_caller(url: str, *, record_video: bool = True) -> tuple[CallCl
     return client, mic
 
 
-async def _turns(url: str, turns: int, pcms: list[np.ndarray], offset: int) -> list[dict[str, Any]]:
-    client, mic = await connect_caller(url, record_video=False)
+SPEAKING_MOTION = 2.0
+"""Mean level change in the mouth box that counts as the mouth moving (idle is below 0.5)."""
+
+
+def first_moving_frame_after(
+    frames: list[tuple[float, int, np.ndarray]], box: tuple[int, int, int, int], t: float
+) -> float | None:
+    """Arrival of the first video frame after ``t`` whose mouth moved against the previous."""
+    later = [f for f in frames if f[0] > t]
+    if len(later) < 2:
+        return None
+    motion = mouth_motion([img for _, _, img in later], box)
+    moving = np.flatnonzero(motion > SPEAKING_MOTION)
+    return float(later[moving[0]][0]) if moving.size else None
+
+
+async def _turns(
+    url: str,
+    turns: int,
+    pcms: list[np.ndarray],
+    offset: int,
+    mouth_box: tuple[int, int, int, int] | None,
+) -> list[dict[str, Any]]:
+    # Video is converted (costly) only when the first speaking frame can be found.
+    client, mic = await connect_caller(url, record_video=mouth_box is not None)
     results = []
     try:
         for i in range(turns):
             pcm = pcms[(i + offset) % len(pcms)]
             _, voiced_end = voiced_span(pcm, 48_000)
             start = len(client.received.audio)
+            video_start = len(client.received.video)
             handle = mic.play(pcm)
             turn = await client.wait_event(lambda e: e.get("type") == "turn", timeout=60)
             await client.wait_state("listening", timeout=30)
             speech_end = mic.sent_at(handle, voiced_end)
             first = first_loud_after(client.received.audio[start:], speech_end or 0.0)
             client_ms = None if first is None or speech_end is None else (first - speech_end) * 1000
-            results.append({"client_first_audio_ms": client_ms, "server": turn["metrics"]})
+            frame_ms = None
+            if mouth_box is not None and speech_end is not None:
+                video = client.received.video[video_start:]
+                moving = first_moving_frame_after(video, mouth_box, speech_end)
+                frame_ms = None if moving is None else (moving - speech_end) * 1000
+                client.received.video.clear()  # the images are big; this turn is done with
+            results.append(
+                {
+                    "client_first_audio_ms": client_ms,
+                    "client_first_speaking_frame_ms": frame_ms,
+                    "server": turn["metrics"],
+                }
+            )
             progress(f"caller {offset + 1}: turn {i + 1}/{turns}")
             await asyncio.sleep(0.5)
     finally:
@@ -69,7 +105,7 @@ async def _turns(url: str, turns: int, pcms: list[np.ndarray], offset: int) -> l
 
 
 async def _barge_ins(url: str, count: int) -> list[float]:
-    client, mic = await connect_caller(url)
+    client, mic = await connect_caller(url, record_video=False)
     long_pcm = await speech_pcm(LONG_QUESTION)
     stop_pcm = await speech_pcm(INTERRUPTION)
     onset, _ = voiced_span(stop_pcm, 48_000)
@@ -107,14 +143,18 @@ async def _measure(
 ) -> dict[str, Any]:
     runner = None
     process = None
+    mouth_box = None
     if url is None and spawn:
         url, process = await spawn_server()
     elif url is None:
-        url, runner, _ = await _server()
+        url, runner, factory = await _server()
+        mouth_box = factory.mouth_box if calls == 1 else None
     try:
         pcms = [await speech_pcm(q) for q in QUESTIONS]
         started = time.monotonic()
-        per_call = await asyncio.gather(*(_turns(url, turns, pcms, c) for c in range(calls)))
+        per_call = await asyncio.gather(
+            *(_turns(url, turns, pcms, c, mouth_box) for c in range(calls))
+        )
         results = [r for call in per_call for r in call]
         cuts = await _barge_ins(url, barge_ins) if barge_ins else []
         elapsed = time.monotonic() - started
@@ -125,7 +165,13 @@ async def _measure(
             process.terminate()
             await process.wait()
     client = [r["client_first_audio_ms"] for r in results if r["client_first_audio_ms"] is not None]
+    frames = [
+        r["client_first_speaking_frame_ms"]
+        for r in results
+        if r["client_first_speaking_frame_ms"] is not None
+    ]
     return {
+        "client_first_speaking_frame_ms": summary(frames),
         "calls": calls,
         "turns": len(results),
         "client_first_audio_ms": summary(client),

@@ -78,6 +78,11 @@ def plot(bench: str, results: Any, path: Path) -> None:
         kbps.set_ylabel("kbps")
         for ax in (cpu, kbps):
             ax.tick_params(axis="x", labelrotation=15)
+    elif bench == "sync" and "lipsync" in results:
+        fig, (ax,) = _figure("Lip-sync by cross-correlation, per say")
+        ax.bar(range(1, len(results["lipsync"]) + 1), [s["offset_ms"] for s in results["lipsync"]])
+        ax.set_xlabel("say")
+        ax.set_ylabel("offset (ms)")
     elif bench == "sync" and "offsets_ms" not in results:
         fig, (ax,) = _figure("A/V offset in Chromium (sync-test engine)")
         ax.bar(["injected", "measured"], [results["injected_video_delay_ms"], results["offset_ms"]])

@@ -61,6 +61,7 @@ def test_bench_call(tmp_path: Path) -> None:
 def test_bench_latency(tmp_path: Path) -> None:
     r = _run(tmp_path, "latency", "--turns", "1")
     assert r["turns"] == 1 and r["client_first_audio_ms"]["n"] == 1
+    assert r["client_first_speaking_frame_ms"]["n"] == 1
     assert "first_audio_out_ms" in r["server_stages_ms"]
 
 
