@@ -26,6 +26,7 @@ from rtc_server.providers.registry import Choice, load_providers
 from rtc_server.session import AvatarSession, ListenSettings, Providers
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
 from rtc_server.vad import SileroModel, VADParams
+from signaling.access import AccessPolicy, TokenSigner, access_middleware
 from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
 from signaling.http import add_routes
 from signaling.messages import Answer, Offer, SayRequest
@@ -160,6 +161,9 @@ class SessionManager:
         await session.aclose()
         return True
 
+    def exists(self, session_id: str) -> bool:
+        return session_id in self.sessions
+
     async def close_all(self) -> None:
         await asyncio.gather(*(s.aclose() for s in list(self.sessions.values())))
 
@@ -175,7 +179,13 @@ def create_app(
 ) -> web.Application:
     """Build the application; models load in the background and /readyz says when they are in."""
     restrict_host_addresses(config.ice_addresses)
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    access = AccessPolicy(
+        frozenset(config.allowed_origins),
+        TokenSigner(config.api_key) if config.api_key else None,
+    )
+    app = web.Application(
+        middlewares=[error_middleware, access_middleware(access)], client_max_size=MAX_BODY_BYTES
+    )
     metrics = Metrics()
     executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="avatar-rtc")
     manager = SessionManager(config, metrics, executor)
@@ -199,7 +209,7 @@ def create_app(
         executor.shutdown(wait=True, cancel_futures=True)
 
     app.cleanup_ctx.append(lifecycle)
-    add_routes(app, manager)
+    add_routes(app, manager, access)
 
     async def index(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC_DIR / "index.html")

@@ -55,6 +55,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="STUN/TURN server, stun:host:port or turn:user:password@host:port (repeatable)",
     )
     serve.add_argument("--max-sessions", type=int, default=int(_env(environ, "max-sessions") or 8))
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=None,
+        help="browser origin (scheme://host:port) that may call the API besides the server's "
+        "own (repeatable)",
+    )
+    serve.add_argument(
+        "--api-key",
+        default=_env(environ, "api-key"),
+        help="turn token auth on: POST /token with this key mints call tokens",
+    )
     serve.add_argument("--cache-dir", type=Path, default=_env(environ, "cache-dir"))
     serve.add_argument("--cert-file", type=Path, default=_env(environ, "cert-file"))
     serve.add_argument("--key-file", type=Path, default=_env(environ, "key-file"))
@@ -121,6 +133,8 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             cache_dir=args.cache_dir or default_cache_dir(),
             cert_file=args.cert_file,
             key_file=args.key_file,
+            allowed_origins=tuple(args.allowed_origin or _env_list(environ, "allowed-origin")),
+            api_key=args.api_key or None,
             stt=args.stt,
             llm=args.llm,
             tts=args.tts,

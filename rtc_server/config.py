@@ -31,6 +31,10 @@ class ServerConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     cert_file: Path | None = None
     key_file: Path | None = None
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins besides the server's own that may call the API ("*": any)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Turns token auth on: /offer then needs a token minted by POST /token."""
     stt: str = "auto"
     llm: str = "auto"
     tts: str = "auto"

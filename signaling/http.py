@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Protocol
 
 from aiohttp import web
 
+from signaling.access import DEFAULT_TTL_S, MAX_TTL_S, AccessPolicy, bearer
 from signaling.errors import SignalingError, read_json_object
 from signaling.messages import Answer, Offer, SayRequest, parse_offer, parse_say
 
@@ -25,17 +27,62 @@ class SessionFactory(Protocol):
         """Tear the session down; False if there was none."""
         ...
 
+    def exists(self, session_id: str) -> bool:
+        """Whether the session is still open."""
+        ...
 
-def add_routes(app: web.Application, factory: SessionFactory) -> None:
+
+def add_routes(
+    app: web.Application, factory: SessionFactory, access: AccessPolicy | None = None
+) -> None:
+    access = access or AccessPolicy(frozenset(), None)
+    session_tokens: dict[str, str] = {}
+    """With auth on: the token each session was opened with; its routes need the same."""
+
+    def check_session_token(request: web.Request, session_id: str) -> None:
+        if access.signer is None:
+            return
+        grant = access.require_token(request)
+        assert grant is not None
+        expected = session_tokens.get(session_id)
+        if expected is None or not hmac.compare_digest(grant.token, expected):
+            raise SignalingError(401, "unauthorized", "this token does not open that session")
+
     async def offer(request: web.Request) -> web.Response:
+        grant = access.require_token(request)
         parsed = parse_offer(await read_json_object(request))
+        if grant is not None and grant.avatar is not None and grant.avatar != parsed.avatar:
+            raise SignalingError(401, "wrong_scope", "the token is for another avatar")
         answer = await factory.create_session(parsed)
+        if grant is not None:
+            # Sessions that ended on their own (the caller hung up) leave their token here.
+            for ended in [s for s in session_tokens if not factory.exists(s)]:
+                del session_tokens[ended]
+            session_tokens[answer.session_id] = grant.token
         return web.json_response(
             {"sdp": answer.sdp, "type": "answer", "session_id": answer.session_id}
         )
 
+    async def token(request: web.Request) -> web.Response:
+        signer = access.signer
+        if signer is None:
+            raise SignalingError(404, "auth_off", "tokens are off: this server has no API key")
+        key = bearer(request)
+        if key is None or not signer.is_api_key(key):
+            raise SignalingError(401, "unauthorized", "POST /token needs the server's API key")
+        body = await read_json_object(request) if request.can_read_body else {}
+        ttl = body.get("ttl_s", DEFAULT_TTL_S)
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S:
+            raise SignalingError(400, "bad_ttl", f"'ttl_s' must be 1..{MAX_TTL_S} seconds")
+        avatar = body.get("avatar")
+        if avatar is not None and not isinstance(avatar, str):
+            raise SignalingError(400, "bad_avatar", "'avatar' must be a string")
+        minted = signer.mint(ttl_s=ttl, avatar=avatar)
+        return web.json_response({"token": minted, "expires_in": ttl})
+
     async def say(request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]
+        check_session_token(request, session_id)
         body = parse_say(await read_json_object(request))
         try:
             utterance_id = factory.say(session_id, body)
@@ -45,10 +92,13 @@ def add_routes(app: web.Application, factory: SessionFactory) -> None:
 
     async def delete(request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]
+        check_session_token(request, session_id)
         if not await factory.close_session(session_id):
             raise SignalingError(404, "unknown_session", f"no session {session_id!r}")
+        session_tokens.pop(session_id, None)
         return web.Response(status=204)
 
     app.router.add_post("/offer", offer)
+    app.router.add_post("/token", token)
     app.router.add_post("/sessions/{session_id}/say", say)
     app.router.add_delete("/sessions/{session_id}", delete)

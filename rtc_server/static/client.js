@@ -6,6 +6,9 @@
 // events: every data-channel event received, in order).
 
 const STATS_INTERVAL_MS = 1000;
+// A server started with --api-key wants a call token (POST /token): pass it as ?token=...
+const TOKEN = new URLSearchParams(location.search).get("token");
+const AUTH = TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {};
 const ICE_GATHERING_TIMEOUT_MS = 5000;
 
 const $ = (id) => document.getElementById(id);
@@ -150,7 +153,7 @@ class Call {
     if (this.closed) return;
     const response = await fetch("/offer", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: { "Content-Type": "application/json", ...AUTH },
       body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }),
     });
     if (!response.ok) throw await httpError(response);
@@ -235,7 +238,11 @@ class Call {
     const id = this.sessionId;
     this.sessionId = null;
     try {
-      await fetch(`/sessions/${encodeURIComponent(id)}`, { method: "DELETE", keepalive: true });
+      await fetch(`/sessions/${encodeURIComponent(id)}`, {
+        method: "DELETE",
+        headers: AUTH,
+        keepalive: true,
+      });
     } catch {
       // The server may be gone already; the call is over either way.
     }

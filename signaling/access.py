@@ -1,0 +1,144 @@
+"""Who may call the API: allowed browser origins (CORS, 403) and optional signed tokens.
+
+Tokens are ``<payload>.<signature>``, both base64url: the payload is JSON with an expiry
+(``exp``, Unix seconds), an optional avatar scope and a random id; the signature is
+HMAC-SHA256 over the payload with a key derived from the server's API key. Checks use
+``hmac.compare_digest``; tokens and keys are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from signaling.errors import SignalingError
+
+MAX_TTL_S = 3600
+DEFAULT_TTL_S = 300
+API_PATHS = ("/offer", "/token", "/sessions/")
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a valid token allows."""
+
+    token: str
+    avatar: str | None
+    expires_at: float
+
+
+class TokenSigner:
+    def __init__(self, api_key: str) -> None:
+        self._api_key = api_key.encode()
+        self._key = hashlib.sha256(b"avatar-rtc token v1\0" + self._api_key).digest()
+
+    def is_api_key(self, candidate: str) -> bool:
+        return hmac.compare_digest(candidate.encode(), self._api_key)
+
+    def mint(self, *, ttl_s: int, avatar: str | None = None, now: float | None = None) -> str:
+        payload = {"exp": int((now or time.time()) + ttl_s), "jti": secrets.token_hex(8)}
+        if avatar is not None:
+            payload["avatar"] = avatar
+        body = _b64(json.dumps(payload, separators=(",", ":")).encode())
+        return f"{body}.{self._sign(body)}"
+
+    def _sign(self, body: str) -> str:
+        return _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
+
+    def verify(self, token: str, *, now: float | None = None) -> Grant:
+        """The grant of a valid token; SignalingError 401 for anything else."""
+        body, sep, signature = token.partition(".")
+        if not sep or not hmac.compare_digest(signature, self._sign(body)):
+            raise SignalingError(401, "bad_token", "the token is not valid")
+        try:
+            payload = json.loads(_unb64(body))
+            expires = float(payload["exp"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SignalingError(401, "bad_token", "the token is not valid") from exc
+        if expires < (now or time.time()):
+            raise SignalingError(401, "token_expired", "the token has expired")
+        avatar = payload.get("avatar")
+        return Grant(token, avatar if isinstance(avatar, str) else None, expires)
+
+
+def bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    allowed_origins: frozenset[str]
+    """Browser origins allowed besides the server's own."""
+    signer: TokenSigner | None
+    """None: no auth (the default for a server on localhost)."""
+
+    def origin_allowed(self, request: web.Request) -> bool:
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return True  # not a browser page: Origin is what browsers add, and only they
+        own = f"{request.scheme}://{request.host}"
+        return origin == own or origin in self.allowed_origins or "*" in self.allowed_origins
+
+    def require_token(self, request: web.Request) -> Grant | None:
+        """The request's grant when auth is on (401 without a valid one); None when off."""
+        if self.signer is None:
+            return None
+        token = bearer(request)
+        if token is None:
+            raise SignalingError(
+                401, "unauthorized", "this server needs 'Authorization: Bearer <token>'"
+            )
+        return self.signer.verify(token)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def access_middleware(policy: AccessPolicy) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Origin check (403) and CORS headers on the API routes; preflights answered here."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith(API_PATHS):
+            return await handler(request)
+        origin = request.headers.get("Origin")
+        if not policy.origin_allowed(request):
+            raise SignalingError(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
+        cors = {}
+        if origin is not None:
+            cors = {
+                "Access-Control-Allow-Origin": origin,
+                "Vary": "Origin",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                "Access-Control-Allow-Methods": "POST, DELETE, OPTIONS",
+                "Access-Control-Max-Age": "600",
+            }
+        if request.method == "OPTIONS":
+            return web.Response(status=204, headers=cors)
+        try:
+            response = await handler(request)
+        except SignalingError as exc:
+            exc.headers.update(cors)
+            raise
+        response.headers.update(cors)
+        return response
+
+    return middleware
