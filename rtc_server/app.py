@@ -30,6 +30,7 @@ from signaling.access import AccessPolicy, TokenSigner, access_middleware
 from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
 from signaling.http import add_routes
 from signaling.messages import Answer, Offer, SayRequest
+from signaling.ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class SessionManager:
             executor=self.executor,
             on_closed=self._forget,
             connect_timeout_s=self.config.connect_timeout_s,
+            max_call_s=self.config.max_call_s,
         )
         try:
             # The video transceiver must exist before the offer is applied, or aiortc keeps the
@@ -182,6 +184,13 @@ def create_app(
     access = AccessPolicy(
         frozenset(config.allowed_origins),
         TokenSigner(config.api_key) if config.api_key else None,
+        (
+            RateLimiter(
+                config.rate_limit_per_min / 60, burst=max(1, config.rate_limit_per_min // 3)
+            )
+            if config.rate_limit_per_min
+            else None
+        ),
     )
     app = web.Application(
         middlewares=[error_middleware, access_middleware(access)], client_max_size=MAX_BODY_BYTES

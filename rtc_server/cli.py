@@ -67,6 +67,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=_env(environ, "api-key"),
         help="turn token auth on: POST /token with this key mints call tokens",
     )
+    serve.add_argument(
+        "--max-call-s",
+        type=float,
+        default=float(_env(environ, "max-call-s") or 3600),
+        help="calls are closed after this many seconds",
+    )
+    serve.add_argument(
+        "--rate-limit-per-min",
+        type=int,
+        default=int(_env(environ, "rate-limit-per-min") or 60),
+        help="/offer and /token requests per client address and minute (0: no limit)",
+    )
     serve.add_argument("--cache-dir", type=Path, default=_env(environ, "cache-dir"))
     serve.add_argument("--cert-file", type=Path, default=_env(environ, "cert-file"))
     serve.add_argument("--key-file", type=Path, default=_env(environ, "key-file"))
@@ -135,6 +147,8 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             key_file=args.key_file,
             allowed_origins=tuple(args.allowed_origin or _env_list(environ, "allowed-origin")),
             api_key=args.api_key or None,
+            max_call_s=args.max_call_s,
+            rate_limit_per_min=args.rate_limit_per_min,
             stt=args.stt,
             llm=args.llm,
             tts=args.tts,

@@ -34,6 +34,11 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()
     """Browser origins besides the server's own that may call the API ("*": any)."""
     api_key: str | None = field(default=None, repr=False)
+    rate_limit_per_min: int = 60
+    """/offer and /token requests per client address and minute, in bursts of up to a third
+    of that (0: no limit)."""
+    max_call_s: float = 3600.0
+    """A call is closed after this long."""
     """Turns token auth on: /offer then needs a token minted by POST /token."""
     stt: str = "auto"
     llm: str = "auto"
@@ -83,6 +88,8 @@ class ServerConfig:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be 1..65535, not {self.port}")
+        if self.max_call_s <= 0 or self.rate_limit_per_min < 0:
+            raise ValueError("max_call_s must be > 0 and rate_limit_per_min >= 0")
         if self.max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
         if (self.cert_file is None) != (self.key_file is None):

@@ -85,6 +85,7 @@ class AvatarSession:
         executor: Executor | None = None,
         on_closed: Callable[[AvatarSession], Awaitable[None]] | None = None,
         connect_timeout_s: float = 30.0,
+        max_call_s: float | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.pc = pc
@@ -111,6 +112,7 @@ class AvatarSession:
         self._vad_executor = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{self.id[:8]}")
         self._on_closed = on_closed
         self._connect_timeout_s = connect_timeout_s
+        self._max_call_s = max_call_s
         self._tasks: set[asyncio.Task[Any]] = set()
         self._speaking: set[asyncio.Task[Any]] = set()
         """Tasks producing speech (says and replies): barge-in cancels them all."""
@@ -128,6 +130,8 @@ class AvatarSession:
     def start(self) -> None:
         self.scheduler.start()
         self._spawn(self._connect_watchdog(), "connect-watchdog")
+        if self._max_call_s is not None:
+            self._spawn(self._call_limit(self._max_call_s), "call-limit")
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -150,6 +154,12 @@ class AvatarSession:
         if self.pc.connectionState != "connected":
             self._log.warning("peer did not connect within %.0f s", self._connect_timeout_s)
             await self.aclose()
+
+    async def _call_limit(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        self._log.info("call reached its %.0f s limit", seconds)
+        self._error("call_limit", f"calls last at most {seconds:.0f} s on this server")
+        await self.aclose()
 
     async def _on_connection_state(self) -> None:
         state = self.pc.connectionState

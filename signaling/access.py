@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from signaling.errors import SignalingError
+from signaling.ratelimit import RateLimiter
 
 MAX_TTL_S = 3600
 DEFAULT_TTL_S = 300
@@ -89,6 +90,8 @@ class AccessPolicy:
     """Browser origins allowed besides the server's own."""
     signer: TokenSigner | None
     """None: no auth (the default for a server on localhost)."""
+    limiter: RateLimiter | None = None
+    """Per-client limit on /offer and /token."""
 
     def origin_allowed(self, request: web.Request) -> bool:
         origin = request.headers.get("Origin")
@@ -133,6 +136,15 @@ def access_middleware(policy: AccessPolicy) -> Callable[..., Awaitable[web.Strea
             }
         if request.method == "OPTIONS":
             return web.Response(status=204, headers=cors)
+        if policy.limiter is not None and request.path in ("/offer", "/token"):
+            wait = policy.limiter.take(request.remote or "?")
+            if wait > 0:
+                raise SignalingError(
+                    429,
+                    "rate_limited",
+                    f"too many requests; try again in {wait:.1f} s",
+                    headers={**cors, "Retry-After": RateLimiter.retry_after(wait)},
+                )
         try:
             response = await handler(request)
         except SignalingError as exc:

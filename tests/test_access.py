@@ -136,3 +136,66 @@ async def test_origins(guarded: LiveServer) -> None:
     own = guarded.url
     status, body, _ = await _post(guarded.url + "/offer", offer, {"Origin": own})
     assert status == 401
+
+
+def test_rate_limiter_buckets() -> None:
+    from signaling.ratelimit import RateLimiter
+
+    now = [0.0]
+    limiter = RateLimiter(rate=1.0, burst=2, max_clients=2, clock=lambda: now[0])
+    assert [limiter.take("a") for _ in range(2)] == [0.0, 0.0]
+    assert limiter.take("a") == pytest.approx(1.0)
+    assert limiter.take("b") == 0.0  # clients are separate
+    now[0] += 1.0
+    assert limiter.take("a") == 0.0  # refilled one
+    limiter.take("c")  # evicts the least recently used bucket ("b")
+    assert len(limiter._buckets) == 2
+
+
+async def test_offer_rate_limit_is_429_and_spares_running_calls(
+    engine_factory: EngineFactory, cache_dir: Path
+) -> None:
+    from benchmarks.client import CallClient
+
+    server, runner = await start_server(engine_factory, cache_dir, rate_limit_per_min=6)
+    caller = CallClient(server.url)
+    try:
+        await caller.connect()  # uses one of the burst of 2
+        await caller.wait_channel_open()
+        sdp = await make_offer()
+        statuses = []
+        for _ in range(3):
+            status, body, headers = await _post(server.url + "/offer", {"sdp": sdp}, {})
+            statuses.append(status)
+        assert statuses[-1] == 429 and body["error"]["code"] == "rate_limited"
+        assert int(headers["Retry-After"]) >= 1
+        # The call already running goes on.
+        await caller.say("Still talking.")
+        await caller.wait_state("speaking", 10)
+    finally:
+        await caller.close()
+        await runner.cleanup()
+
+
+async def test_a_call_ends_at_its_time_limit(
+    engine_factory: EngineFactory, cache_dir: Path
+) -> None:
+    import asyncio
+
+    from benchmarks.client import CallClient
+
+    server, runner = await start_server(engine_factory, cache_dir, max_call_s=2.0)
+    caller = CallClient(server.url)
+    try:
+        session_id = await caller.connect()
+        await caller.wait_channel_open()
+        error = await caller.wait_event(lambda e: e.get("type") == "error", 5)
+        assert error["code"] == "call_limit"
+        for _ in range(50):
+            if session_id not in server.manager.sessions:
+                break
+            await asyncio.sleep(0.1)
+        assert session_id not in server.manager.sessions
+    finally:
+        await caller.close()
+        await runner.cleanup()
