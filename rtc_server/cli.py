@@ -121,6 +121,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="say which engine, providers and codecs would be used, and why")
 
+    tok = sub.add_parser("token", help="mint a call token for a server started with --api-key")
+    tok.add_argument("--api-key", default=_env(environ, "api-key"), help="the server's key")
+    tok.add_argument("--ttl-s", type=int, default=300)
+    tok.add_argument("--avatar", default=None, help="limit the token to this avatar")
+
     bench = sub.add_parser("bench", help="benchmarks (see benchmarks/README.md)", add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
@@ -212,6 +217,19 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace) -> int:
+    from signaling.access import MAX_TTL_S, TokenSigner
+
+    if not args.api_key:
+        print("avatar-rtc: error: give --api-key or AVATAR_RTC_API_KEY", file=sys.stderr)
+        return 2
+    if not 1 <= args.ttl_s <= MAX_TTL_S:
+        print(f"avatar-rtc: error: --ttl-s must be 1..{MAX_TTL_S}", file=sys.stderr)
+        return 2
+    print(TokenSigner(args.api_key).mint(ttl_s=args.ttl_s, avatar=args.avatar))
+    return 0
+
+
 def _doctor() -> int:
     import aiortc
     import av
@@ -251,6 +269,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return _prepare(args)
     if args.command == "doctor":
         return _doctor()
+    if args.command == "token":
+        return _token(args)
     if args.command == "bench":
         from benchmarks.cli import main as bench_main
 

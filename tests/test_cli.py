@@ -73,3 +73,14 @@ def test_auto_picks_cloud_only_with_keys() -> None:
     assert [c.name for c in choose(local_llm)] == ["local", "openai", "piper"]
     asked = ServerConfig(openai_api_key="k", stt="local", tts="piper")
     assert [(c.name, c.reason) for c in choose(asked)][0] == ("local", "asked for")
+
+
+def test_token_command_mints_what_the_server_accepts(capsys: pytest.CaptureFixture[str]) -> None:
+    from signaling.access import TokenSigner
+
+    assert main(["token", "--ttl-s", "60", "--avatar", "alice"], {"AVATAR_RTC_API_KEY": "k1"}) == 0
+    token = capsys.readouterr().out.strip()
+    assert TokenSigner("k1").verify(token).avatar == "alice"
+    assert main(["token"], {}) == 2
+    assert "--api-key" in capsys.readouterr().err
+    assert main(["token", "--api-key", "k1", "--ttl-s", "0"], {}) == 2
