@@ -108,21 +108,12 @@ def run(
 
 async def _measure_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]:
     """The sync-test engine's flashes and beeps, as Chromium presents and plays them."""
-    from musetalk_core.synctest import SyncTestEngine
-    from rtc_server.engines import VIDEO_FPS, EngineFactory
-    from rtc_server.media.clock import AUDIO_RATE
+    from benchmarks.sync import sync_test_factory
 
     missing = chromium_missing()
     if missing:
         raise RuntimeError(missing)
-    engine = EngineFactory(
-        "sync-test",
-        "bench",
-        lambda: SyncTestEngine(
-            fps=VIDEO_FPS, sample_rate=AUDIO_RATE, video_delay_ms=video_delay_ms
-        ),
-    )
-    url, runner, _ = await _server(engine)
+    url, runner, _ = await _server(sync_test_factory(video_delay_ms))
     w, h = 512, 512
     try:
         with tempfile.TemporaryDirectory() as profile:

@@ -26,17 +26,21 @@ OPUS_DECODER_DELAY_S = 312 / 48_000
 """libopus hands back decoded audio 312 samples after the RTP time it belongs to."""
 
 
+def sync_test_factory(video_delay_ms: float = 0.0) -> EngineFactory:
+    """Per-call sync-test engines whose beeps come ``video_delay_ms`` before their flashes."""
+    return EngineFactory(
+        "sync-test",
+        "bench",
+        lambda: SyncTestEngine(
+            fps=VIDEO_FPS, sample_rate=AUDIO_RATE, video_delay_ms=video_delay_ms
+        ),
+    )
+
+
 async def _measure(seconds: float, video_delay_ms: float, url: str | None) -> dict[str, Any]:
     runner = None
     if url is None:
-        factory = EngineFactory(
-            "sync-test",
-            "bench",
-            lambda: SyncTestEngine(
-                fps=VIDEO_FPS, sample_rate=AUDIO_RATE, video_delay_ms=video_delay_ms
-            ),
-        )
-        url, runner, _ = await _server(factory)
+        url, runner, _ = await _server(sync_test_factory(video_delay_ms))
     elif video_delay_ms:
         raise ValueError("--video-delay-ms works on the in-process server only")
     client = CallClient(url)

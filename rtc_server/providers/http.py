@@ -439,3 +439,23 @@ async def read_pcm(
 
 def _chunk(data: bytes | bytearray, sample_rate: int) -> AudioChunk:
     return AudioChunk(np.frombuffer(bytes(data), dtype="<i2").astype(np.int16), sample_rate)
+
+
+def openai_client(
+    session: aiohttp.ClientSession,
+    *,
+    provider: str,
+    api_key: str,
+    base_url: str,
+    policy: HTTPPolicy,
+) -> VendorClient:
+    """A VendorClient for OpenAI's API: Bearer auth when a key is given, the key kept secret."""
+    return VendorClient(
+        session,
+        provider=provider,
+        vendor="OpenAI",
+        base_url=base_url,
+        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+        policy=policy,
+        secret=api_key,
+    )

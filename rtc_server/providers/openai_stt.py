@@ -14,8 +14,8 @@ from rtc_server.providers.http import (
     DEFAULT_POLICY,
     OPENAI_BASE_URL,
     HTTPPolicy,
-    VendorClient,
     bad_response,
+    openai_client,
 )
 
 
@@ -60,14 +60,8 @@ class OpenAISTT:
         self.model = model
         self.language = language
         self.prompt = prompt
-        self._client = VendorClient(
-            session,
-            provider="openai-stt",
-            vendor="OpenAI",
-            base_url=base_url,
-            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-            policy=policy,
-            secret=api_key,
+        self._client = openai_client(
+            session, provider="openai-stt", api_key=api_key, base_url=base_url, policy=policy
         )
 
     @property

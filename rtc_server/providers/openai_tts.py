@@ -13,7 +13,7 @@ from rtc_server.providers.http import (
     DEFAULT_POLICY,
     OPENAI_BASE_URL,
     HTTPPolicy,
-    VendorClient,
+    openai_client,
     read_pcm,
 )
 
@@ -56,14 +56,8 @@ class OpenAITTS:
         self.instructions = instructions
         self.speed = speed
         self.min_chunk_ms = min_chunk_ms
-        self._client = VendorClient(
-            session,
-            provider="openai-tts",
-            vendor="OpenAI",
-            base_url=base_url,
-            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-            policy=policy,
-            secret=api_key,
+        self._client = openai_client(
+            session, provider="openai-tts", api_key=api_key, base_url=base_url, policy=policy
         )
 
     @property
