@@ -11,7 +11,7 @@ import contextlib
 import fractions
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,8 +125,16 @@ class CallClient:
 
         return handle
 
-    async def connect(self, *, video_codecs: Sequence[str] | None = None) -> str:
-        """Offer and connect; ``video_codecs`` (mimeTypes) restricts what the offer accepts."""
+    async def connect(
+        self,
+        *,
+        video_codecs: Sequence[str] | None = None,
+        before_answer: Callable[[str], Awaitable[None]] | None = None,
+    ) -> str:
+        """Offer and connect; ``video_codecs`` (mimeTypes) restricts what the offer accepts.
+
+        ``before_answer`` sees the answer's SDP before it is applied (and ICE checks begin).
+        """
         self.pc.addTransceiver(self.microphone, direction="sendrecv")
         video = self.pc.addTransceiver("video", direction="recvonly")
         if video_codecs is not None:
@@ -140,6 +148,8 @@ class CallClient:
                 answer = await resp.json()
                 if resp.status != 200:
                     raise RuntimeError(f"offer refused ({resp.status}): {answer}")
+        if before_answer is not None:
+            await before_answer(answer["sdp"])
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
         self.session_id = answer["session_id"]
         return self.session_id

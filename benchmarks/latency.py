@@ -11,7 +11,7 @@ import asyncio
 import socket
 import sys
 import time
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 import numpy as np
@@ -182,8 +182,13 @@ async def _measure(
     }
 
 
-async def spawn_server() -> tuple[str, asyncio.subprocess.Process]:
-    """``avatar-rtc serve`` in its own process on a free 127.0.0.1 port; waits for /readyz."""
+async def spawn_server(
+    *extra_args: str, ice_address: str = "127.0.0.1", log: IO[bytes] | None = None
+) -> tuple[str, asyncio.subprocess.Process]:
+    """``avatar-rtc serve`` in its own process on a free 127.0.0.1 port; waits for /readyz.
+
+    ``extra_args`` go to ``serve``; ``log`` receives the server's stderr (default: discarded).
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -195,9 +200,10 @@ async def spawn_server() -> tuple[str, asyncio.subprocess.Process]:
         "--port",
         str(port),
         "--ice-address",
-        "127.0.0.1",
+        ice_address,
+        *extra_args,
         stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=log if log is not None else asyncio.subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:

@@ -16,8 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from musetalk_core.types import LipSyncEngine
 from rtc_server.config import ServerConfig
+from rtc_server.embed import add_embed_route
 from rtc_server.engines import EngineFactory, load_engine_factory
-from rtc_server.ice import restrict_host_addresses, rtc_configuration
+from rtc_server.ice import IceServers, announce_address, restrict_host_addresses
 from rtc_server.media.fallback import ResilientEngine
 from rtc_server.media.h264 import TunedH264Encoder, use_tuned_encoder
 from rtc_server.media.inbound import low_latency_audio
@@ -57,7 +58,16 @@ class SessionManager:
             vad=VADParams(hangover_ms=config.vad_hangover_ms),
             system_prompt=config.system_prompt or DEFAULT_SYSTEM_PROMPT,
             barge_in=config.barge_in,
+            max_text_chars=config.max_say_chars,
         )
+        self.ice = IceServers.from_config(
+            config.ice_servers,
+            turn_urls=config.turn_urls,
+            turn_secret=config.turn_secret,
+            turn_ttl_s=config.turn_ttl_s,
+        )
+        self.draining = False
+        """Set on SIGTERM: no new calls, running ones go on until the drain timeout."""
         self._pending = 0
 
     @property
@@ -84,6 +94,13 @@ class SessionManager:
             raise SignalingError(
                 503, "not_ready", "models are still loading", headers={"Retry-After": "2"}
             )
+        if self.draining:
+            raise SignalingError(
+                503,
+                "draining",
+                "the server is shutting down and takes no new calls; try again",
+                headers={"Retry-After": "2"},
+            )
         if offer.avatar is not None:
             raise SignalingError(
                 400, "unknown_avatar", "this server has one avatar; leave 'avatar' out"
@@ -102,7 +119,7 @@ class SessionManager:
             self._pending -= 1
 
     async def _answer(self, offer: Offer, engine: LipSyncEngine) -> Answer:
-        pc = RTCPeerConnection(rtc_configuration(self.config.ice_servers))
+        pc = RTCPeerConnection(self.ice.rtc_configuration())
         assert self.providers is not None
         session = AvatarSession(
             pc,
@@ -114,6 +131,7 @@ class SessionManager:
             on_closed=self._forget,
             connect_timeout_s=self.config.connect_timeout_s,
             max_call_s=self.config.max_call_s,
+            idle_timeout_s=self.config.idle_timeout_s or None,
         )
         try:
             # The video transceiver must exist before the offer is applied, or aiortc keeps the
@@ -147,7 +165,8 @@ class SessionManager:
         self.metrics.sessions_created.inc()
         session.start()
         logger.info("session %s answered (%s)", session.id[:8], negotiated)
-        return Answer(sdp=pc.localDescription.sdp, session_id=session.id)
+        sdp = announce_address(pc.localDescription.sdp, self.config.public_address)
+        return Answer(sdp=sdp, session_id=session.id)
 
     async def _forget(self, session: AvatarSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
@@ -165,6 +184,29 @@ class SessionManager:
 
     def exists(self, session_id: str) -> bool:
         return session_id in self.sessions
+
+    async def drain(self, timeout_s: float, cut_short: asyncio.Event | None = None) -> None:
+        """Take no new calls; let running ones go on up to ``timeout_s``, then end them.
+
+        ``cut_short`` (a second SIGTERM) ends the wait early.
+        """
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        logger.info("draining: %d calls, up to %.0f s", len(self.sessions), timeout_s)
+        while self.sessions or self._pending:
+            left = deadline - loop.time()
+            if left <= 0 or (cut_short is not None and cut_short.is_set()):
+                break
+            await asyncio.sleep(min(0.1, left))
+        if self.sessions:
+            logger.info("drain over: ending %d calls", len(self.sessions))
+            await asyncio.gather(
+                *(
+                    s.end("shutting_down", "the server is shutting down")
+                    for s in list(self.sessions.values())
+                )
+            )
 
     async def close_all(self) -> None:
         await asyncio.gather(*(s.aclose() for s in list(self.sessions.values())))
@@ -218,7 +260,8 @@ def create_app(
         executor.shutdown(wait=True, cancel_futures=True)
 
     app.cleanup_ctx.append(lifecycle)
-    add_routes(app, manager, access)
+    add_routes(app, manager, access, max_say_chars=config.max_say_chars)
+    add_embed_route(app, access)
 
     async def index(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC_DIR / "index.html")
@@ -230,9 +273,19 @@ def create_app(
         loading = app[LOADING]
         if loading.done() and not loading.cancelled() and loading.exception() is not None:
             raise SignalingError(503, "load_failed", f"model loading failed: {loading.exception()}")
+        if manager.draining:
+            raise SignalingError(503, "draining", "the server is shutting down")
         if not manager.ready:
             raise SignalingError(503, "not_ready", "models are still loading")
         return web.json_response({"status": "ready", "sessions": len(manager.sessions)})
+
+    async def ice_servers(request: web.Request) -> web.Response:
+        # What a browser needs before it creates its RTCPeerConnection: as guarded as /offer.
+        access.require_token(request)
+        return web.json_response(
+            {"iceServers": manager.ice.for_browser(), "ttl_s": manager.ice.ttl_s},
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def metrics_route(request: web.Request) -> web.Response:
         return web.Response(
@@ -242,6 +295,7 @@ def create_app(
     app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/ice-servers", ice_servers)
     app.router.add_get("/metrics", metrics_route)
     app.router.add_static("/static/", STATIC_DIR)
     return app

@@ -79,6 +79,46 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=int(_env(environ, "rate-limit-per-min") or 60),
         help="/offer and /token requests per client address and minute (0: no limit)",
     )
+    serve.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=float(_env(environ, "idle-timeout-s") or 300),
+        help="close a call after this many seconds without caller speech, text or say (0: never)",
+    )
+    serve.add_argument(
+        "--max-say-chars",
+        type=int,
+        default=int(_env(environ, "max-say-chars") or 2000),
+        help="longest text of a say or a typed turn (HTTP 413 / an error event beyond)",
+    )
+    serve.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=float(_env(environ, "drain-timeout-s") or 30),
+        help="on SIGTERM, take no new calls and let running ones go on this long, then exit",
+    )
+    serve.add_argument(
+        "--turn-secret",
+        default=_env(environ, "turn-secret"),
+        help="coturn's static-auth-secret: mint time-limited TURN credentials for --turn-url",
+    )
+    serve.add_argument(
+        "--turn-url",
+        action="append",
+        default=None,
+        help="TURN server for minted credentials, turn:host:3478?transport=udp (repeatable)",
+    )
+    serve.add_argument(
+        "--turn-ttl-s",
+        type=int,
+        default=int(_env(environ, "turn-ttl-s") or 3600),
+        help="how long minted TURN credentials stay valid",
+    )
+    serve.add_argument(
+        "--public-address",
+        default=_env(environ, "public-address"),
+        help="NAT 1:1: IP announced in host candidates instead of the local one (ports kept)",
+    )
     serve.add_argument("--cache-dir", type=Path, default=_env(environ, "cache-dir"))
     serve.add_argument("--cert-file", type=Path, default=_env(environ, "cert-file"))
     serve.add_argument("--key-file", type=Path, default=_env(environ, "key-file"))
@@ -132,11 +172,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from aiohttp import web
+    import asyncio
 
     from musetalk_core.avatar import AvatarError
     from rtc_server.app import create_app
     from rtc_server.engines import load_engine_factory
+    from rtc_server.ice import IceServers
+    from rtc_server.serving import serve
 
     try:
         config = ServerConfig(
@@ -154,6 +196,13 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             api_key=args.api_key or None,
             max_call_s=args.max_call_s,
             rate_limit_per_min=args.rate_limit_per_min,
+            idle_timeout_s=args.idle_timeout_s,
+            max_say_chars=args.max_say_chars,
+            drain_timeout_s=args.drain_timeout_s,
+            turn_secret=args.turn_secret or None,
+            turn_urls=tuple(args.turn_url or _env_list(environ, "turn-url")),
+            turn_ttl_s=args.turn_ttl_s,
+            public_address=args.public_address or None,
             stt=args.stt,
             llm=args.llm,
             tts=args.tts,
@@ -169,6 +218,7 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             vad_hangover_ms=args.vad_hangover_ms,
             barge_in=not args.no_barge_in,
         )
+        IceServers.from_config(config.ice_servers)  # a malformed --ice-server stops here
         # Prepared here, before serving, so a bad portrait stops start-up with its reason.
         factory = load_engine_factory(config)
     except (ValueError, AvatarError) as exc:
@@ -181,14 +231,17 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     _quiet_telemetry()
     app = create_app(config, engine_loader=lambda: factory)
     scheme = "https" if ssl_context else "http"
-    print(f"avatar-rtc: serving on {scheme}://{config.host}:{config.port}", flush=True)
-    web.run_app(
-        app,
-        host=config.host,
-        port=config.port,
-        ssl_context=ssl_context,
-        access_log=None,
-        print=None,
+    url = f"{scheme}://{config.host}:{config.port}"
+    # SIGTERM drains: no new calls, running ones go on up to --drain-timeout-s, then exit 0.
+    asyncio.run(
+        serve(
+            app,
+            host=config.host,
+            port=config.port,
+            drain_timeout_s=config.drain_timeout_s,
+            ssl_context=ssl_context,
+            on_started=lambda: print(f"avatar-rtc: serving on {url}", flush=True),
+        )
     )
     return 0
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENGINES = ("auto", "warp", "sync-test")
+from signaling.access import ORIGIN
+
+ENGINES = ("auto", "musetalk", "warp", "sync-test")
 STTS = ("auto", "local", "openai")
 LLMS = ("auto", "echo", "openai")
 TTSS = ("auto", "piper", "elevenlabs", "openai")
@@ -22,6 +25,14 @@ class ServerConfig:
     avatar: Path | None = None
     """Portrait image or video; None for the built-in avatar."""
     engine: str = "auto"
+    weights_dir: Path | None = None
+    """MuseTalk weights (layout in musetalk_core.weights); None: the default cache folder."""
+    musetalk_device: str = "auto"
+    """auto (CUDA when present), cuda, cuda:N or cpu."""
+    musetalk_batch: int = 16
+    """Largest MuseTalk batch, shared by all calls."""
+    musetalk_compile: bool = False
+    """torch.compile the UNet and VAE decoder (slow start, faster steady state on CUDA)."""
     ice_addresses: tuple[str, ...] = ()
     """Host addresses ICE may gather; empty means every interface."""
     ice_servers: tuple[str, ...] = ()
@@ -37,6 +48,20 @@ class ServerConfig:
     rate_limit_per_min: int = 60
     """/offer and /token requests per client address and minute, in bursts of up to a third
     of that (0: no limit)."""
+    idle_timeout_s: float = 300.0
+    """A call with no caller speech, typed text or say for this long is closed (0: never)."""
+    max_say_chars: int = 2000
+    """Longest text of a say or a typed turn, over HTTP or the data channel."""
+    turn_secret: str | None = field(default=None, repr=False)
+    """coturn's static-auth-secret: time-limited TURN credentials are minted from it."""
+    turn_urls: tuple[str, ...] = ()
+    """TURN URLs the minted credentials are for (turn:host:3478?transport=udp)."""
+    turn_ttl_s: int = 3600
+    """How long minted TURN credentials stay valid."""
+    public_address: str | None = None
+    """NAT 1:1: the address announced in host candidates instead of the gathered one."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM, how long running calls may go on before they are closed."""
     max_call_s: float = 3600.0
     """A call is closed after this long."""
     """Turns token auth on: /offer then needs a token minted by POST /token."""
@@ -86,6 +111,8 @@ class ServerConfig:
             raise ValueError("vad_hangover_ms below 100 ms would cut callers off mid-sentence")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if not 1 <= self.musetalk_batch <= 256:
+            raise ValueError("--musetalk-batch must be 1..256")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be 1..65535, not {self.port}")
         if self.max_call_s <= 0 or self.rate_limit_per_min < 0:
@@ -94,3 +121,28 @@ class ServerConfig:
             raise ValueError("max_sessions must be at least 1")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("--cert-file and --key-file go together")
+        for origin in self.allowed_origins:
+            if origin != "*" and not ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"--allowed-origin must be scheme://host[:port] (no path), not {origin!r}"
+                )
+        if self.idle_timeout_s < 0 or self.drain_timeout_s < 0:
+            raise ValueError("idle_timeout_s and drain_timeout_s must be >= 0")
+        if self.max_say_chars < 1:
+            raise ValueError("max_say_chars must be at least 1")
+        if bool(self.turn_secret) != bool(self.turn_urls):
+            raise ValueError("--turn-secret and --turn-url go together")
+        for url in self.turn_urls:
+            if not url.startswith(("turn:", "turns:")) or "@" in url:
+                raise ValueError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
+        if not 60 <= self.turn_ttl_s <= 7 * 86400:
+            raise ValueError("turn_ttl_s must be 60 s .. 7 days")
+        if self.public_address is not None:
+            try:
+                public = ipaddress.ip_address(self.public_address)
+            except ValueError:
+                raise ValueError(
+                    f"--public-address must be an IP address, not {self.public_address!r}"
+                ) from None
+            if public.is_unspecified:
+                raise ValueError("--public-address cannot be the unspecified address")

@@ -41,7 +41,7 @@ from rtc_server.vad import (
     VADStream,
 )
 from signaling.errors import SignalingError
-from signaling.messages import parse_client_event
+from signaling.messages import MAX_TEXT_CHARS, parse_client_event
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ class ListenSettings:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     history_chars: int = 6000
     barge_in: bool = True
+    max_text_chars: int = MAX_TEXT_CHARS
+    """Longest say or typed turn on the data channel; longer ones get an error event."""
 
 
 class AvatarSession:
@@ -86,6 +88,7 @@ class AvatarSession:
         on_closed: Callable[[AvatarSession], Awaitable[None]] | None = None,
         connect_timeout_s: float = 30.0,
         max_call_s: float | None = None,
+        idle_timeout_s: float | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.pc = pc
@@ -113,6 +116,9 @@ class AvatarSession:
         self._on_closed = on_closed
         self._connect_timeout_s = connect_timeout_s
         self._max_call_s = max_call_s
+        self._idle_timeout_s = idle_timeout_s
+        self._last_activity = time.monotonic()
+        """When the caller spoke, typed or a say came in, or the avatar's state last changed."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._speaking: set[asyncio.Task[Any]] = set()
         """Tasks producing speech (says and replies): barge-in cancels them all."""
@@ -132,6 +138,8 @@ class AvatarSession:
         self._spawn(self._connect_watchdog(), "connect-watchdog")
         if self._max_call_s is not None:
             self._spawn(self._call_limit(self._max_call_s), "call-limit")
+        if self._idle_timeout_s:
+            self._spawn(self._idle_limit(self._idle_timeout_s), "idle-limit")
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -159,6 +167,26 @@ class AvatarSession:
         await asyncio.sleep(seconds)
         self._log.info("call reached its %.0f s limit", seconds)
         self._error("call_limit", f"calls last at most {seconds:.0f} s on this server")
+        await self.aclose()
+
+    async def _idle_limit(self, seconds: float) -> None:
+        """Close a call in which, for ``seconds``, nothing happened while the avatar listened."""
+        while True:
+            left = self._last_activity + seconds - time.monotonic()
+            if left <= 0 and self.state == "listening":
+                break
+            # Thinking or speaking is not idle: the state's return to listening restarts the
+            # count, so waking a full period later is never late.
+            await asyncio.sleep(left if left > 0 else seconds)
+        self._log.info("call idle for %.0f s", seconds)
+        await self.end("idle_timeout", f"nothing was said or sent for {seconds:.0f} s")
+
+    def _touch(self) -> None:
+        self._last_activity = time.monotonic()
+
+    async def end(self, code: str, message: str) -> None:
+        """Tell the caller why with an ``error`` event, then close the call."""
+        self._error(code, message)
         await self.aclose()
 
     async def _on_connection_state(self) -> None:
@@ -208,10 +236,11 @@ class AvatarSession:
 
     def _on_message(self, message: str | bytes) -> None:
         try:
-            event = parse_client_event(message)
+            event = parse_client_event(message, max_chars=self.settings.max_text_chars)
         except SignalingError as exc:
             self.send_event({"type": "error", "code": exc.code, "message": exc.message})
             return
+        self._touch()
         if event.type == "say":
             self.say(event.text)
         elif event.type == "interrupt":
@@ -254,6 +283,7 @@ class AvatarSession:
                     self._on_vad(event)
 
     def _on_vad(self, event: VADEvent) -> None:
+        self._touch()
         if isinstance(event, SpeechStart):
             if self.settings.barge_in and self.state in ("speaking", "thinking"):
                 self._log.info("barge-in")
@@ -375,6 +405,7 @@ class AvatarSession:
 
     def say(self, text: str, *, interrupt: bool = False) -> str:
         """Queue ``text`` to be spoken verbatim; returns its utterance id."""
+        self._touch()
         if interrupt:
             self.interrupt()
         utterance_id = uuid.uuid4().hex
@@ -419,6 +450,7 @@ class AvatarSession:
     def _set_state(self, state: str) -> None:
         if state != self.state:
             self.state = state
+            self._touch()
             self.send_event({"type": "state", "state": state})
 
 

@@ -12,10 +12,12 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -24,7 +26,21 @@ from signaling.ratelimit import RateLimiter
 
 MAX_TTL_S = 3600
 DEFAULT_TTL_S = 300
-API_PATHS = ("/offer", "/token", "/sessions/")
+API_PATHS = ("/offer", "/token", "/sessions/", "/ice-servers")
+ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?")
+"""What an allowed origin looks like: ``scheme://host[:port]``, as browsers send ``Origin``."""
+
+
+def origin_of(url: str) -> str | None:
+    """``scheme://host[:port]`` of an http(s) URL (e.g. a Referer), or None."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2].lower()}"
+    return origin if ORIGIN.fullmatch(origin) else None
 
 
 def _b64(data: bytes) -> str:
@@ -97,8 +113,37 @@ class AccessPolicy:
         origin = request.headers.get("Origin")
         if origin is None:
             return True  # not a browser page: Origin is what browsers add, and only they
+        return self.is_allowed(origin, request)
+
+    def is_allowed(self, origin: str, request: web.Request) -> bool:
+        """Whether a page of ``origin`` may use this server (its own origin always may)."""
         own = f"{request.scheme}://{request.host}"
         return origin == own or origin in self.allowed_origins or "*" in self.allowed_origins
+
+    def frame_ancestors(self) -> str:
+        """The CSP directive that lets the server's own and the allowed origins frame a page."""
+        if "*" in self.allowed_origins:
+            return "frame-ancestors 'self' *"
+        # Anything but a plain origin could smuggle another directive into the header.
+        origins = sorted(o for o in self.allowed_origins if ORIGIN.fullmatch(o))
+        return " ".join(["frame-ancestors", "'self'", *origins])
+
+    def embedder_allowed(self, request: web.Request) -> bool:
+        """False for a frame navigation whose embedding page is of an origin not allowed.
+
+        Browsers mark frame loads (``Sec-Fetch-Dest: iframe``) and name the embedding page in
+        ``Referer`` (its origin at least, under the default referrer policy). Without those we
+        cannot tell who frames the page, and CSP ``frame-ancestors`` is the guard.
+        """
+        if request.headers.get("Sec-Fetch-Dest") not in ("iframe", "frame"):
+            return True
+        if request.headers.get("Sec-Fetch-Site") == "same-origin":
+            return True
+        source = request.headers.get("Origin") or request.headers.get("Referer")
+        if not source:
+            return True
+        origin = origin_of(source)
+        return origin is not None and self.is_allowed(origin, request)
 
     def require_token(self, request: web.Request) -> Grant | None:
         """The request's grant when auth is on (401 without a valid one); None when off."""
@@ -131,7 +176,7 @@ def access_middleware(policy: AccessPolicy) -> Callable[..., Awaitable[web.Strea
                 "Access-Control-Allow-Origin": origin,
                 "Vary": "Origin",
                 "Access-Control-Allow-Headers": "Authorization, Content-Type",
-                "Access-Control-Allow-Methods": "POST, DELETE, OPTIONS",
+                "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
                 "Access-Control-Max-Age": "600",
             }
         if request.method == "OPTIONS":

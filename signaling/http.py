@@ -9,7 +9,14 @@ from aiohttp import web
 
 from signaling.access import DEFAULT_TTL_S, MAX_TTL_S, AccessPolicy, bearer
 from signaling.errors import SignalingError, read_json_object
-from signaling.messages import Answer, Offer, SayRequest, parse_offer, parse_say
+from signaling.messages import (
+    MAX_TEXT_CHARS,
+    Answer,
+    Offer,
+    SayRequest,
+    parse_offer,
+    parse_say,
+)
 
 
 class SessionFactory(Protocol):
@@ -33,7 +40,11 @@ class SessionFactory(Protocol):
 
 
 def add_routes(
-    app: web.Application, factory: SessionFactory, access: AccessPolicy | None = None
+    app: web.Application,
+    factory: SessionFactory,
+    access: AccessPolicy | None = None,
+    *,
+    max_say_chars: int = MAX_TEXT_CHARS,
 ) -> None:
     access = access or AccessPolicy(frozenset(), None)
     session_tokens: dict[str, str] = {}
@@ -83,7 +94,7 @@ def add_routes(
     async def say(request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]
         check_session_token(request, session_id)
-        body = parse_say(await read_json_object(request))
+        body = parse_say(await read_json_object(request), max_chars=max_say_chars)
         try:
             utterance_id = factory.say(session_id, body)
         except KeyError:

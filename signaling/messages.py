@@ -9,8 +9,9 @@ from aiortc.sdp import SessionDescription
 
 from signaling.errors import SignalingError
 
-MAX_TEXT_CHARS = 4000
-"""Longest text accepted for a say or a typed turn."""
+MAX_TEXT_CHARS = 2000
+"""Longest text accepted for a say or a typed turn, unless the server sets its own
+(``--max-say-chars``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +59,14 @@ def parse_offer(body: dict[str, object]) -> Offer:
     )
 
 
-def parse_text(body: dict[str, object], field: str = "text") -> str:
+def parse_text(
+    body: dict[str, object], field: str = "text", *, max_chars: int = MAX_TEXT_CHARS
+) -> str:
     text = body.get(field)
     if not isinstance(text, str) or not text.strip():
         raise SignalingError(400, "bad_text", f"'{field}' must be a non-empty string")
-    if len(text) > MAX_TEXT_CHARS:
-        raise SignalingError(413, "text_too_long", f"'{field}' is over {MAX_TEXT_CHARS} characters")
+    if len(text) > max_chars:
+        raise SignalingError(413, "text_too_long", f"'{field}' is over {max_chars} characters")
     return text
 
 
@@ -73,8 +76,8 @@ class SayRequest:
     interrupt: bool
 
 
-def parse_say(body: dict[str, object]) -> SayRequest:
-    text = parse_text(body)
+def parse_say(body: dict[str, object], *, max_chars: int = MAX_TEXT_CHARS) -> SayRequest:
+    text = parse_text(body, max_chars=max_chars)
     interrupt = body.get("interrupt", False)
     if not isinstance(interrupt, bool):
         raise SignalingError(400, "bad_interrupt", "'interrupt' must be true or false")
@@ -89,7 +92,7 @@ class ClientEvent:
     text: str = ""
 
 
-def parse_client_event(message: str | bytes) -> ClientEvent:
+def parse_client_event(message: str | bytes, *, max_chars: int = MAX_TEXT_CHARS) -> ClientEvent:
     """Validate one data-channel message; SignalingError's code becomes the error event's code."""
     if isinstance(message, bytes):
         raise SignalingError(400, "bad_message", "messages must be JSON text, not binary")
@@ -103,5 +106,5 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
     if kind == "interrupt":
         return ClientEvent("interrupt")
     if kind in ("say", "text"):
-        return ClientEvent(str(kind), parse_text(body))
+        return ClientEvent(str(kind), parse_text(body, max_chars=max_chars))
     raise SignalingError(400, "unknown_type", f"unknown message type: {kind!r}")

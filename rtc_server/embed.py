@@ -1,0 +1,95 @@
+"""``GET /embed``: the avatar page made for other sites' iframes (ARCHITECTURE §3).
+
+The page is static/embed-frame.js around the same Call as the call page. Its settings (query
+``autostart``, ``avatar``, ``theme``) and the origins it may talk to over postMessage are
+rendered into data attributes of ``<html>``; its CSP's ``frame-ancestors`` lets only the
+server's own and the allowed origins frame it, and a frame load from an embedding page of
+another origin is refused outright (403).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+from aiohttp import web
+
+from signaling.access import AccessPolicy, origin_of
+from signaling.errors import SignalingError
+
+TEMPLATE = Path(str(resources.files("rtc_server") / "templates" / "embed.html"))
+THEMES = ("dark", "light")
+MAX_AVATAR_CHARS = 200
+TRUE = ("1", "true", "yes", "on")
+
+PAGE_POLICY = (
+    "default-src 'self'",
+    "script-src 'self'",
+    "style-src 'self'",
+    "img-src 'self' data:",
+    "media-src 'self' blob: mediastream:",
+    "connect-src 'self'",
+    "base-uri 'none'",
+    "form-action 'none'",
+    "object-src 'none'",
+)
+
+
+def content_security_policy(access: AccessPolicy) -> str:
+    return "; ".join([*PAGE_POLICY, access.frame_ancestors()])
+
+
+def page_attributes(request: web.Request, access: AccessPolicy) -> dict[str, str]:
+    """The page's settings, from the query and the access policy."""
+    query = request.query
+    theme = query.get("theme", "")
+    avatar = query.get("avatar", "")
+    if len(avatar) > MAX_AVATAR_CHARS:
+        raise SignalingError(400, "bad_avatar", f"'avatar' is over {MAX_AVATAR_CHARS} characters")
+    own = f"{request.scheme}://{request.host}"
+    origins = [own, *sorted(access.allowed_origins - {own})]
+    return {
+        "data-theme": theme if theme in THEMES else "auto",
+        "data-autostart": "true" if query.get("autostart", "").lower() in TRUE else "false",
+        "data-avatar": avatar,
+        "data-allowed-origins": json.dumps(origins),
+    }
+
+
+def add_embed_route(app: web.Application, access: AccessPolicy) -> None:
+    template = Template(TEMPLATE.read_text(encoding="utf-8"))
+
+    async def embed(request: web.Request) -> web.Response:
+        headers = {
+            "Content-Security-Policy": content_security_policy(access),
+            "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "same-origin",
+        }
+        if not access.embedder_allowed(request):
+            source = request.headers.get("Origin") or request.headers.get("Referer") or ""
+            raise SignalingError(
+                403,
+                "origin_not_allowed",
+                f"pages of {origin_of(source) or 'that origin'} may not embed the avatar; "
+                "the server allows them with --allowed-origin",
+                headers=headers,
+            )
+        try:
+            settings = page_attributes(request, access)
+        except SignalingError as exc:
+            exc.headers.update(headers)
+            raise
+        attributes = " ".join(
+            f'{name}="{html.escape(value, quote=True)}"' for name, value in settings.items()
+        )
+        return web.Response(
+            text=template.substitute(attributes=attributes),
+            content_type="text/html",
+            headers=headers,
+        )
+
+    app.router.add_get("/embed", embed)

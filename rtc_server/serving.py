@@ -1,0 +1,56 @@
+"""Serving until told to stop: SIGTERM (or Ctrl-C) drains the calls, then the process exits.
+
+aiohttp's ``web.run_app`` stops at once on SIGTERM, cutting every call. Here the first signal
+makes ``/readyz`` and ``/offer`` answer 503 (``draining``) while the HTTP server stays up, so
+running calls keep their ``say`` and ``DELETE`` routes until they end or the drain timeout
+passes; a second signal cuts the wait short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import ssl
+from collections.abc import Callable
+
+from aiohttp import web
+
+from rtc_server.app import MANAGER
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def serve(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    drain_timeout_s: float,
+    ssl_context: ssl.SSLContext | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT, drain its calls, then clean up and return."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    cut_short = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            cut_short.set()
+        stop.set()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        await site.start()
+        if on_started is not None:
+            on_started()
+        await stop.wait()
+        await app[MANAGER].drain(drain_timeout_s, cut_short)
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()

@@ -1,0 +1,261 @@
+// One avatar call, shared by the call page (client.js) and the embeddable page (embed-frame.js):
+// one RTCPeerConnection (ICE servers from GET /ice-servers), non-trickle offer/answer over
+// POST /offer, an "events" data channel for state and control. Audio and video of the avatar
+// play on one <video> element; the browser's own RTP/RTCP lip-sync keeps them together. No UI
+// here: a Call dispatches events and the page decides what to show.
+//
+// Events (CustomEvent, on the Call itself):
+//   "event"      detail: a data-channel event from the server ({type: "state", ...}, ...)
+//   "connection" detail: the RTCPeerConnection's connectionState
+//   "channel"    detail: true when the data channel opens, false when it closes
+//
+// Test hook fields: pc, sessionId, channel, playing (a Promise), state, states (every state
+// event, in order), events (every data-channel event, in order).
+
+const ICE_GATHERING_TIMEOUT_MS = 5000;
+
+/** A readable Error from a failed HTTP response with the API's JSON error shape. */
+export async function httpError(response) {
+  let error = new Error(`HTTP ${response.status} ${response.statusText}`);
+  try {
+    const body = await response.json();
+    if (body?.error?.message) {
+      error = new Error(`${body.error.message} (${body.error.code}, HTTP ${response.status})`);
+      error.code = body.error.code;
+    }
+  } catch {
+    // Not JSON: keep the status line.
+  }
+  error.status = response.status;
+  return error;
+}
+
+/** Non-trickle signalling: wait for every candidate (or the timeout, then send what we have). */
+function iceGatheringComplete(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", check);
+      resolve();
+    };
+    const check = () => {
+      if (pc.iceGatheringState === "complete") done();
+    };
+    const timer = setTimeout(done, ICE_GATHERING_TIMEOUT_MS);
+    pc.addEventListener("icegatheringstatechange", check);
+  });
+}
+
+/** The microphone, or null (with the reason) when it is denied or missing. */
+async function openMicrophone() {
+  if (!navigator.mediaDevices?.getUserMedia) {
+    return { stream: null, reason: "this browser offers no microphone access" };
+  }
+  try {
+    return { stream: await navigator.mediaDevices.getUserMedia({ audio: true }), reason: "" };
+  } catch (err) {
+    const reason = err.name === "NotAllowedError" ? "microphone permission denied" : err.message;
+    return { stream: null, reason };
+  }
+}
+
+export class Call extends EventTarget {
+  /**
+   * @param {HTMLVideoElement} video where the avatar plays
+   * @param {{token?: string|null, avatar?: string|null}} options token: sent as
+   *   "Authorization: Bearer" on /offer and the session's routes (servers with --api-key);
+   *   avatar: asked for in the offer
+   */
+  constructor(video, { token = null, avatar = null } = {}) {
+    super();
+    this.video = video;
+    this.auth = token ? { Authorization: `Bearer ${token}` } : {};
+    this.avatar = avatar;
+    this.pc = null;
+    this.channel = null;
+    this.sessionId = null;
+    this.microphone = null;
+    this.textOnly = false;
+    this.noMicReason = "";
+    this.state = null;
+    this.states = [];
+    this.events = [];
+    this.remote = new MediaStream();
+    this.playing = new Promise((resolve) => {
+      video.addEventListener("playing", () => resolve(), { once: true });
+    });
+    this.closed = false;
+  }
+
+  emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+
+  async start() {
+    const mic = await openMicrophone();
+    this.microphone = mic.stream;
+    this.textOnly = mic.stream === null;
+    this.noMicReason = mic.reason;
+    if (this.closed) {
+      this.microphone?.getTracks().forEach((track) => track.stop());
+      return;
+    }
+
+    const iceServers = await this.fetchIceServers();
+    if (this.closed) {
+      this.microphone?.getTracks().forEach((track) => track.stop());
+      return;
+    }
+    const pc = new RTCPeerConnection({ iceServers });
+    this.pc = pc;
+    if (this.microphone) {
+      const [track] = this.microphone.getAudioTracks();
+      pc.addTransceiver(track, { direction: "sendrecv", streams: [this.microphone] });
+    } else {
+      pc.addTransceiver("audio", { direction: "recvonly" });
+    }
+    pc.addTransceiver("video", { direction: "recvonly" });
+    pc.addEventListener("track", (event) => this.onTrack(event));
+    pc.addEventListener("connectionstatechange", () => {
+      if (!this.closed) this.emit("connection", pc.connectionState);
+    });
+    this.openChannel(pc.createDataChannel("events"));
+
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGatheringComplete(pc);
+    if (this.closed) return;
+    const offer = { sdp: pc.localDescription.sdp, type: pc.localDescription.type };
+    if (this.avatar) offer.avatar = this.avatar;
+    const response = await fetch("/offer", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", ...this.auth },
+      body: JSON.stringify(offer),
+    });
+    if (!response.ok) throw await httpError(response);
+    const answer = await response.json();
+    this.sessionId = answer.session_id;
+    if (this.closed) {
+      await this.deleteSession();
+      return;
+    }
+    await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type });
+  }
+
+  /** STUN/TURN servers (with fresh TURN credentials) from GET /ice-servers; none on loopback. */
+  async fetchIceServers() {
+    const response = await fetch("/ice-servers", { headers: this.auth, cache: "no-store" });
+    if (!response.ok) throw await httpError(response);
+    const body = await response.json();
+    return Array.isArray(body.iceServers) ? body.iceServers : [];
+  }
+
+  onTrack(event) {
+    // Both tracks go into one MediaStream on one element: the browser syncs them itself.
+    const stream = event.streams[0] ?? this.remote;
+    if (stream === this.remote) this.remote.addTrack(event.track);
+    if (this.video.srcObject !== stream) this.video.srcObject = stream;
+  }
+
+  openChannel(channel) {
+    this.channel = channel;
+    channel.addEventListener("open", () => this.emit("channel", true));
+    channel.addEventListener("close", () => {
+      if (!this.closed) this.emit("channel", false);
+    });
+    channel.addEventListener("message", (event) => this.onMessage(event.data));
+  }
+
+  onMessage(data) {
+    if (this.closed) return;
+    let event;
+    try {
+      event = JSON.parse(data);
+    } catch {
+      return;
+    }
+    if (typeof event !== "object" || event === null || typeof event.type !== "string") return;
+    this.events.push(event);
+    if (event.type === "state") {
+      this.state = event.state;
+      this.states.push(event.state);
+    }
+    this.emit("event", event);
+  }
+
+  /** Sends a client message on the data channel; false when it is not open. */
+  send(message) {
+    if (this.channel?.readyState !== "open") return false;
+    this.channel.send(JSON.stringify(message));
+    return true;
+  }
+
+  /** Mutes or unmutes the microphone without renegotiating (the track sends silence). */
+  setMicrophoneEnabled(enabled) {
+    this.microphone?.getAudioTracks().forEach((track) => {
+      track.enabled = enabled;
+    });
+  }
+
+  get microphoneEnabled() {
+    return this.microphone?.getAudioTracks().some((track) => track.enabled) ?? false;
+  }
+
+  async deleteSession() {
+    if (!this.sessionId) return;
+    const id = this.sessionId;
+    this.sessionId = null;
+    try {
+      await fetch(`/sessions/${encodeURIComponent(id)}`, {
+        method: "DELETE",
+        headers: this.auth,
+        keepalive: true,
+      });
+    } catch {
+      // The server may be gone already; the call is over either way.
+    }
+  }
+
+  async stop() {
+    this.closed = true;
+    this.channel?.close();
+    this.pc?.close();
+    this.microphone?.getTracks().forEach((track) => track.stop());
+    this.video.srcObject = null;
+    await this.deleteSession();
+  }
+}
+
+/** getStats figures for an overlay, computed against the previous sample. */
+export class StatsSampler {
+  constructor() {
+    this.last = null;
+  }
+
+  async sample(pc) {
+    const report = await pc.getStats();
+    let video = null;
+    let pair = null;
+    let selectedPairId = null;
+    report.forEach((s) => {
+      if (s.type === "inbound-rtp" && s.kind === "video") video = s;
+      if (s.type === "transport" && s.selectedCandidatePairId) selectedPairId = s.selectedCandidatePairId;
+    });
+    report.forEach((s) => {
+      const selected = selectedPairId ? s.id === selectedPairId : s.nominated && s.state === "succeeded";
+      if (s.type === "candidate-pair" && selected) pair = s;
+    });
+    const out = { fps: null, codec: null, kbps: null, rttMs: null };
+    if (video) {
+      out.fps = video.framesPerSecond ?? null;
+      out.codec = report.get(video.codecId)?.mimeType ?? null;
+      if (this.last && video.bytesReceived >= this.last.bytes) {
+        const seconds = (video.timestamp - this.last.timestamp) / 1000;
+        if (seconds > 0) out.kbps = ((video.bytesReceived - this.last.bytes) * 8) / 1000 / seconds;
+      }
+      this.last = { bytes: video.bytesReceived, timestamp: video.timestamp };
+    }
+    if (pair?.currentRoundTripTime !== undefined) out.rttMs = pair.currentRoundTripTime * 1000;
+    return out;
+  }
+}

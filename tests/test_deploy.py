@@ -1,0 +1,246 @@
+"""deploy/ says what the server really does: flags, ports, probe routes, drain time, metrics."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rtc_server import cli
+from rtc_server.app import create_app
+from rtc_server.cli import build_parser
+from rtc_server.config import ServerConfig
+from rtc_server.metrics import Metrics
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+K8S = DEPLOY / "k8s"
+YAML_FILES = sorted([*DEPLOY.glob("*.yml"), *DEPLOY.glob("*.yaml"), *K8S.glob("*.yaml")])
+SAMPLE = {"PUBLIC_IP": "127.0.0.1", "HOST_IP": "127.0.0.1", "TURN_SECRET": "s3cret"}
+"""Values for the variables the files interpolate (compose ${VAR}, Kubernetes $(VAR))."""
+
+
+def _load(path: Path) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def _one(path: Path) -> Any:
+    (doc,) = _load(path)
+    return doc
+
+
+def _by_kind(kind: str) -> Any:
+    found = [d for p in K8S.glob("*.yaml") for d in _load(p) if d.get("kind") == kind]
+    assert len(found) == 1, f"expected one {kind} in deploy/k8s"
+    return found[0]
+
+
+def _interpolate(value: str) -> str:
+    value = re.sub(r"\$\{(\w+)(?:[:?-][^}]*)?\}", lambda m: SAMPLE.get(m.group(1), ""), value)
+    return re.sub(r"\$\((\w+)\)", lambda m: SAMPLE.get(m.group(1), ""), value)
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = build_parser({})
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    serve: argparse.ArgumentParser = sub.choices["serve"]
+    return serve
+
+
+def _env_flags() -> dict[str, str]:
+    """AVATAR_RTC_<FLAG> name -> flag, for every serve flag the CLI reads from the environment."""
+    source = inspect.getsource(cli)
+    read = set(re.findall(r"_env(?:_list)?\(environ, \"([a-z0-9-]+)\"\)", source))
+    flags = {}
+    for action in _serve_parser()._actions:
+        for option in action.option_strings:
+            name = option.removeprefix("--")
+            if option.startswith("--") and name in read:
+                flags["AVATAR_RTC_" + name.upper().replace("-", "_")] = name
+    return flags
+
+
+def _compose_env() -> dict[str, str]:
+    env = _one(DEPLOY / "docker-compose.yml")["services"]["avatar-rtc"]["environment"]
+    return {k: _interpolate(str(v)) for k, v in env.items()}
+
+
+def _container() -> Any:
+    (container,) = _by_kind("Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _k8s_env() -> dict[str, str]:
+    return {
+        e["name"]: _interpolate(str(e.get("value", SAMPLE.get("TURN_SECRET"))))
+        for e in _container()["env"]
+    }
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_yaml_file_parses(path: Path) -> None:
+    assert _load(path), f"{path} is empty"
+
+
+def test_the_env_var_lookup_knows_the_cli() -> None:
+    flags = _env_flags()
+    for name in ("AVATAR_RTC_PORT", "AVATAR_RTC_ICE_ADDRESS", "AVATAR_RTC_DRAIN_TIMEOUT_S"):
+        assert name in flags
+    assert "AVATAR_RTC_VERBOSE" not in flags  # a flag, but not one the environment sets
+
+
+@pytest.mark.parametrize("source", ["compose", "k8s"])
+def test_env_vars_are_real_flags_with_valid_values(source: str) -> None:
+    env = _compose_env() if source == "compose" else _k8s_env()
+    used = {k for k in env if k.startswith("AVATAR_RTC_")}
+    unknown = used - set(_env_flags())
+    assert not unknown, f"{source} sets variables no flag reads: {sorted(unknown)}"
+    # The values parse as the CLI parses them, and the configuration they make is valid.
+    args = build_parser(env).parse_args(["serve"])
+    ServerConfig(
+        host=args.host,
+        port=args.port,
+        engine=args.engine,
+        max_sessions=args.max_sessions,
+        idle_timeout_s=args.idle_timeout_s,
+        max_say_chars=args.max_say_chars,
+        drain_timeout_s=args.drain_timeout_s,
+        turn_secret=args.turn_secret,
+        turn_urls=tuple(cli._env_list(env, "turn-url")),
+        turn_ttl_s=args.turn_ttl_s,
+        public_address=args.public_address or None,
+        ice_addresses=tuple(cli._env_list(env, "ice-address")),
+    )
+
+
+def _routes() -> set[str]:
+    app = create_app(ServerConfig(ice_addresses=("127.0.0.1",)))
+    return {r.canonical for r in app.router.resources()}
+
+
+def test_compose_serves_what_it_publishes() -> None:
+    compose = _one(DEPLOY / "docker-compose.yml")
+    server = compose["services"]["avatar-rtc"]
+    assert server["build"] == {"context": "..", "dockerfile": "Dockerfile.gpu"}
+    assert (DEPLOY / server["build"]["context"]).resolve() == DEPLOY.parent
+    args = build_parser(_compose_env()).parse_args(["serve"])
+    assert args.host == "0.0.0.0"
+    published = {p.rsplit(":", 1)[1] for p in server["ports"]}
+    assert f"{args.port}/tcp" in published
+    # The UDP range Docker forwards is the range the server's sockets are bound in.
+    low, high = server["sysctls"]["net.ipv4.ip_local_port_range"].split()
+    assert f"{low}-{high}/udp" in published
+    health = " ".join(server["healthcheck"]["test"])
+    assert f"127.0.0.1:{args.port}/healthz" in health and "/healthz" in _routes()
+    # Docker waits longer than the drain before it kills the server, and the signal gets there.
+    grace = server["stop_grace_period"]
+    assert grace.endswith("s") and float(grace[:-1]) > args.drain_timeout_s
+    assert server["init"] is True and server.get("stop_signal", "SIGTERM") == "SIGTERM"
+    gpu = server["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"] and gpu["count"] == 1
+    assert server["entrypoint"] == ["avatar-rtc"] and server["command"] == ["serve"]
+
+
+def _turn_conf() -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for line in (DEPLOY / "turnserver.conf").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            conf[key] = value
+    return conf
+
+
+def test_coturn_checks_the_credentials_the_server_mints() -> None:
+    conf = _turn_conf()
+    assert "use-auth-secret" in conf and conf["static-auth-secret"]
+    compose = _one(DEPLOY / "docker-compose.yml")
+    coturn = compose["services"]["coturn"]
+    server_env = compose["services"]["avatar-rtc"]["environment"]
+    # One secret for both: the server's --turn-secret is coturn's static-auth-secret.
+    secret_var = re.fullmatch(r"\$\{(\w+)[^}]*\}", server_env["AVATAR_RTC_TURN_SECRET"])
+    assert secret_var is not None
+    assert any(
+        a.startswith("--static-auth-secret=${" + secret_var.group(1)) for a in coturn["command"]
+    )
+    assert "/etc/coturn/turnserver.conf" in coturn["command"]
+    assert any(v.startswith("./turnserver.conf:") for v in coturn["volumes"])
+    # The TURN URLs handed to browsers name coturn's port.
+    urls = cli._env_list(_compose_env(), "turn-url")
+    assert urls and all(f":{conf['listening-port']}?" in u for u in urls)
+    assert int(conf["min-port"]) < int(conf["max-port"])
+
+
+def test_kubernetes_deployment_matches_the_server() -> None:
+    deployment = _by_kind("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container()
+    args = build_parser(_k8s_env()).parse_args(["serve"])
+    assert container["command"] == ["avatar-rtc"] and container["args"] == ["serve"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    (port,) = container["ports"]
+    assert port["containerPort"] == args.port and port["protocol"] == "TCP"
+    routes = _routes()
+    probes = {
+        kind: container[kind]["httpGet"]
+        for kind in ("livenessProbe", "readinessProbe", "startupProbe")
+    }
+    assert probes["livenessProbe"]["path"] == "/healthz"
+    assert probes["startupProbe"]["path"] == "/healthz"
+    assert probes["readinessProbe"]["path"] == "/readyz"
+    for probe in probes.values():
+        assert probe["path"] in routes
+        assert probe["port"] in (port["name"], port["containerPort"])
+    assert pod["terminationGracePeriodSeconds"] > args.drain_timeout_s
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert "avatar-rtc/session-affinity" in deployment["metadata"]["annotations"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(args.port)
+    assert annotations["prometheus.io/path"] in routes
+
+
+def test_service_ingress_and_budget_point_at_the_pods() -> None:
+    labels = _by_kind("Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = _by_kind("Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] in ("http", _container()["ports"][0]["containerPort"])
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
+    ingress = _by_kind("Ingress")
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] == port["name"]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/affinity"] == "cookie"
+    budget = _by_kind("PodDisruptionBudget")
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def _gauges() -> set[str]:
+    return {m.name for m in Metrics().registry.collect() if m.type == "gauge"}
+
+
+def test_autoscaling_reads_a_metric_the_server_exports() -> None:
+    hpa = _by_kind("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == _by_kind("Deployment")["metadata"]["name"]
+    (metric,) = hpa["spec"]["metrics"]
+    name = metric["pods"]["metric"]["name"]
+    assert name in _gauges()
+    # The Prometheus adapter serves exactly that name, from that series.
+    rules = _one(K8S / "prometheus-adapter-values.yaml")["rules"]["custom"]
+    assert any(r["name"]["as"] == name and r["seriesQuery"].startswith(name + "{") for r in rules)
+
+
+def test_prometheus_scrapes_the_metrics_route() -> None:
+    compose = _one(DEPLOY / "docker-compose.yml")
+    args = build_parser(_compose_env()).parse_args(["serve"])
+    (job,) = _one(DEPLOY / "prometheus.yml")["scrape_configs"]
+    assert job["metrics_path"] in _routes()
+    assert job["static_configs"][0]["targets"] == [f"avatar-rtc:{args.port}"]
+    assert "avatar-rtc" in compose["services"]
+    (k8s_job,) = _one(K8S / "prometheus-scrape-job.yaml")["scrape_configs"]
+    targets = {c.get("target_label") for c in k8s_job["relabel_configs"]}
+    assert {"namespace", "pod"} <= targets  # what the adapter's seriesQuery needs
