@@ -52,6 +52,8 @@ def _encode(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _engine(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    if args.engine == "musetalk":
+        return _musetalk(args)
     from benchmarks import engine
 
     r = engine.run(args.frames)
@@ -82,6 +84,52 @@ def _engine(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         )
     )
     return {"frames": args.frames}, r
+
+
+def _musetalk(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import musetalk
+
+    sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+    w, h = (int(v) for v in args.blend_size.split("x"))
+    r = musetalk.run(
+        weights_dir=args.weights_dir,
+        random=args.random,
+        device=args.device,
+        batch_sizes=sizes,
+        rounds=args.rounds,
+        compile_models=args.compile,
+        blend_size=(w, h),
+    )
+    print(f"MuseTalk ({r['weights']}) on {r['placement']} ({r['device_name']})")
+    print(
+        table(
+            ["batch", "fps", "ms/frame", "CPU ms/frame", "features", "UNet", "VAE", "blend"],
+            [
+                [
+                    b["batch"],
+                    b["fps"],
+                    b["ms_per_frame"],
+                    b["cpu_ms_per_frame"],
+                    *(b["stages_ms"][k] for k in ("features", "unet", "vae", "blend")),
+                ]
+                for b in r["batches"]
+            ],
+        )
+    )
+    blend = r["blend_ms"]
+    print(
+        f"first frame: p50 {r['first_frame_ms']['p50']:.0f} ms; blend on {args.blend_size}: "
+        f"crop only {blend['crop_ms']:.2f} ms, full frame {blend['full_frame_ms']:.2f} ms"
+        + (f", torch {blend['torch_ms']:.2f} ms" if "torch_ms" in blend else "")
+    )
+    if r["gpu_memory"]:
+        print(f"GPU memory: peak {r['gpu_memory']['peak_allocated_mib']} MiB allocated")
+    settings = {
+        k: getattr(args, k)
+        for k in ("engine", "random", "device", "batch_sizes", "rounds", "compile", "blend_size")
+    }
+    settings["weights_dir"] = str(args.weights_dir) if args.weights_dir else None
+    return settings, r
 
 
 def _call(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -261,6 +309,21 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--rounds", type=int, default=3)
     eng = sub.add_parser("engine", help="lip-sync engine cost per frame")
     eng.add_argument("--frames", type=int, default=300)
+    eng.add_argument("--engine", choices=("warp", "musetalk"), default="warp")
+    eng.add_argument(
+        "--weights-dir", type=Path, default=None, help="musetalk: the weights (else random)"
+    )
+    eng.add_argument(
+        "--random",
+        choices=("tiny", "full"),
+        default="tiny",
+        help="musetalk without --weights-dir: random weights, tiny or the real architecture",
+    )
+    eng.add_argument("--device", default="auto", help="musetalk: auto, cuda, cuda:N or cpu")
+    eng.add_argument("--batch-sizes", default="1,4,8,16", help="musetalk: comma-separated")
+    eng.add_argument("--rounds", type=int, default=3, help="musetalk: timed steps per batch")
+    eng.add_argument("--compile", action="store_true", help="musetalk: torch.compile")
+    eng.add_argument("--blend-size", default="1280x720", help="musetalk: blend benchmark frame")
     cal = sub.add_parser("call", help="a call from an aiortc client: fps, intervals, lip-sync")
     cal.add_argument("--says", type=int, default=5)
     cal.add_argument("--url", default=None, help="a running server (default: in-process)")

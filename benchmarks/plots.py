@@ -105,6 +105,13 @@ def plot(bench: str, results: Any, path: Path) -> None:
             [results["frame_interval_ms"][k] for k in ("p50", "p95", "p99", "max")],
         )
         ax.set_ylabel("frame interval (ms)")
+    elif bench == "engine" and results["engine"] == "musetalk":
+        fig, (ax,) = _figure(f"MuseTalk on {results['placement']}: frames/s by batch size")
+        ax.bar(
+            [str(b["batch"]) for b in results["batches"]], [b["fps"] for b in results["batches"]]
+        )
+        ax.set_xlabel("batch")
+        ax.set_ylabel("frames/s (whole step)")
     elif bench == "engine":
         fig, (ax,) = _figure(f"{results['engine']} engine per frame")
         ax.bar(

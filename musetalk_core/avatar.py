@@ -29,8 +29,12 @@ __all__ = [
     "AvatarError",
     "NoFaceError",
     "WarpAvatar",
+    "as_rgb",
     "builtin_portrait",
+    "detect_face",
+    "image_digest",
     "load_portrait",
+    "normalise_size",
     "prepare_avatar",
 ]
 
@@ -197,7 +201,11 @@ def normalise_size(image: U8) -> U8:
     return np.ascontiguousarray(image[: h - h % 2, : w - w % 2])
 
 
-def _as_rgb(image: np.ndarray[Any, Any]) -> U8:
+def as_rgb(image: np.ndarray[Any, Any]) -> U8:
+    """``image`` as contiguous uint8 RGB (H, W, 3): grey is repeated, alpha dropped.
+
+    Raises :class:`AvatarError` for other dtypes or shapes.
+    """
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
         raise AvatarError("portrait must be a uint8 numpy array")
     if image.ndim == 2:
@@ -224,8 +232,8 @@ def prepare_avatar(
     ``warp-avatar-v<N>-<sha256>.npz`` and loaded from there next time. ``source`` names the
     picture in error messages. Raises :class:`NoFaceError` when no frontal face is found.
     """
-    rgb = _as_rgb(image)
-    digest = _digest(rgb)
+    rgb = as_rgb(image)
+    digest = image_digest(rgb)
     cache_path = None
     if cache_dir is not None:
         cache_path = Path(cache_dir) / f"warp-avatar-v{CACHE_VERSION}-{digest}.npz"
@@ -239,7 +247,8 @@ def prepare_avatar(
     return avatar
 
 
-def _digest(rgb: U8) -> str:
+def image_digest(rgb: U8) -> str:
+    """SHA-256 hex digest of a picture's pixels and shape (the avatar cache key)."""
     h = hashlib.sha256()
     # The shape is part of the key: the same bytes in another shape are another picture.
     h.update(repr(rgb.shape).encode())
@@ -266,6 +275,17 @@ def _build(img: U8, source: str) -> WarpAvatar:
     return WarpAvatar(
         image=img, face_box=face, mouth_box=mouth_box, eye_boxes=eyes, skin_rgb=skin, **mouth, **eye
     )
+
+
+def detect_face(image: U8, source: str = "the image") -> Box:
+    """The largest frontal face in uint8 RGB ``image`` as ``(x, y, w, h)``.
+
+    Uses OpenCV's Haar cascade on the histogram-equalised grey picture, like
+    :func:`prepare_avatar`. ``source`` names the picture in the :class:`NoFaceError` raised when
+    no face is found.
+    """
+    gray = np.asarray(cv2.equalizeHist(cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)), np.uint8)
+    return _detect_face(gray, source)
 
 
 def _cascade(name: str) -> cv2.CascadeClassifier:

@@ -133,6 +133,8 @@ class SessionManager:
             max_call_s=self.config.max_call_s,
             idle_timeout_s=self.config.idle_timeout_s or None,
         )
+        if self.engine_factory is not None and self.engine_factory.notice:
+            session.notices.append(("engine_fallback", self.engine_factory.notice))
         try:
             # The video transceiver must exist before the offer is applied, or aiortc keeps the
             # browser's codec order (VP8 first): prefer H.264, VP8 only when H.264 is missing.
@@ -256,6 +258,8 @@ def create_app(
         except (asyncio.CancelledError, Exception):
             pass
         await manager.close_all()
+        if manager.engine_factory is not None and manager.engine_factory.close is not None:
+            manager.engine_factory.close()
         await http.close()
         executor.shutdown(wait=True, cancel_futures=True)
 
@@ -264,7 +268,12 @@ def create_app(
     add_embed_route(app, access)
 
     async def index(request: web.Request) -> web.FileResponse:
-        return web.FileResponse(STATIC_DIR / "index.html")
+        # The call page opens the microphone: only the origins allowed to embed may frame it
+        # (no click-jacking a call from another site).
+        return web.FileResponse(
+            STATIC_DIR / "index.html",
+            headers={"Content-Security-Policy": access.frame_ancestors()},
+        )
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -1,4 +1,4 @@
-"""``avatar-rtc``: serve, prepare-avatar, doctor, bench.
+"""``avatar-rtc``: serve, prepare-avatar, download-weights, doctor, token, bench.
 
 Every flag can also come from the environment as ``AVATAR_RTC_<FLAG>`` (dashes as underscores;
 repeatable flags take a comma-separated list). A flag given on the command line wins.
@@ -42,6 +42,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="portrait image or video (default: the built-in avatar)",
     )
     serve.add_argument("--engine", choices=ENGINES, default=_env(environ, "engine") or "auto")
+    _musetalk_flags(serve, environ)
+    serve.add_argument(
+        "--musetalk-batch",
+        type=int,
+        default=int(_env(environ, "musetalk-batch") or 16),
+        help="largest MuseTalk batch, shared by all calls",
+    )
+    serve.add_argument(
+        "--musetalk-compile",
+        action="store_true",
+        default=bool(_env(environ, "musetalk-compile")),
+        help="torch.compile the UNet and VAE decoder (slow start, faster on CUDA)",
+    )
     serve.add_argument(
         "--ice-address",
         action="append",
@@ -155,9 +168,30 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="do not stop the avatar when the caller starts speaking",
     )
 
-    prep = sub.add_parser("prepare-avatar", help="find face and mouth, cache the result")
+    prep = sub.add_parser(
+        "prepare-avatar",
+        help="find the face, build the engine's material (MuseTalk latents and masks), cache it",
+        formatter_class=fmt,
+    )
     prep.add_argument("source", type=Path, help="portrait image or video")
     prep.add_argument("--out", type=Path, default=None, help="cache directory")
+    prep.add_argument(
+        "--engine",
+        choices=("auto", "musetalk", "warp"),
+        default="auto",
+        help="auto: MuseTalk material too when its weights are present",
+    )
+    _musetalk_flags(prep, environ)
+    prep.add_argument("--bbox-shift", type=int, default=0, help="MuseTalk: move the face top")
+    prep.add_argument("--extra-margin", type=int, default=10, help="MuseTalk: pixels below chin")
+
+    weights = sub.add_parser(
+        "download-weights", help="fetch MuseTalk 1.5 weights and check them", formatter_class=fmt
+    )
+    weights.add_argument("--dir", type=Path, default=_env(environ, "weights-dir"))
+    weights.add_argument(
+        "--verify", action="store_true", help="only rehash what is there against the manifest"
+    )
 
     sub.add_parser("doctor", help="say which engine, providers and codecs would be used, and why")
 
@@ -186,6 +220,10 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             port=args.port,
             avatar=args.avatar,
             engine=args.engine,
+            weights_dir=args.weights_dir,
+            musetalk_device=args.musetalk_device,
+            musetalk_batch=args.musetalk_batch,
+            musetalk_compile=args.musetalk_compile,
             ice_addresses=tuple(args.ice_address or _env_list(environ, "ice-address")),
             ice_servers=tuple(args.ice_server or _env_list(environ, "ice-server")),
             max_sessions=args.max_sessions,
@@ -256,17 +294,91 @@ def _quiet_telemetry() -> None:
         pass
 
 
+def _musetalk_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "--weights-dir",
+        type=Path,
+        default=_env(environ, "weights-dir"),
+        help="MuseTalk weights (default: ~/.cache/avatar-rtc/musetalk)",
+    )
+    parser.add_argument(
+        "--musetalk-device",
+        default=_env(environ, "musetalk-device") or "auto",
+        help="auto (CUDA when present), cuda, cuda:N or cpu",
+    )
+
+
 def _prepare(args: argparse.Namespace) -> int:
     from musetalk_core.avatar import AvatarError, load_portrait, prepare_avatar
+    from musetalk_core.weights import WeightsError
 
     out = args.out or default_cache_dir() / "avatars"
     try:
         avatar = prepare_avatar(load_portrait(args.source), cache_dir=out)
-    except AvatarError as exc:
+        x, y, w, h = avatar.mouth_box
+        print(f"warp: {args.source}: mouth at x={x} y={y} w={w} h={h}; cached in {out}")
+        if args.engine != "warp":
+            return _prepare_musetalk(args)
+    except (AvatarError, WeightsError) as exc:
         print(f"avatar-rtc: error: {exc}", file=sys.stderr)
         return 2
-    x, y, w, h = avatar.mouth_box
-    print(f"prepared {args.source}: mouth at x={x} y={y} w={w} h={h}; cached in {out}")
+    return 0
+
+
+def _prepare_musetalk(args: argparse.Namespace) -> int:
+    from musetalk_core.material import prepare_musetalk_avatar
+    from musetalk_core.models import load_models, resolve_placement
+    from musetalk_core.weights import WeightsError, check_layout, weights_id
+    from rtc_server.engines import weights_dir
+
+    config = ServerConfig(weights_dir=args.weights_dir, musetalk_device=args.musetalk_device)
+    folder = weights_dir(config)
+    try:
+        check_layout(folder)
+    except WeightsError as exc:
+        if args.engine == "musetalk":
+            raise
+        print(f"musetalk: skipped ({exc})")
+        return 0
+    models = load_models(folder, resolve_placement(args.musetalk_device))
+    out = args.out or default_cache_dir() / "musetalk-avatars"
+    material = prepare_musetalk_avatar(
+        args.source,
+        models.encode_crops,
+        encoder_id=weights_id(folder),
+        cache_dir=out,
+        bbox_shift=args.bbox_shift,
+        extra_margin=args.extra_margin,
+        progress=True,
+    )
+    state = "cache hit" if material.cache_hit else "prepared"
+    print(
+        f"musetalk: {args.source}: {state}, {material.source_frames} source frames, "
+        f"idle loop of {len(material)}; cached in {out}"
+    )
+    return 0
+
+
+def _download_weights(args: argparse.Namespace) -> int:
+    from musetalk_core.weights import DEFAULT_WEIGHTS_DIR, WeightsError, download_weights
+    from musetalk_core.weights import verify_weights as verify
+
+    folder = args.dir or DEFAULT_WEIGHTS_DIR
+    if args.verify:
+        problems = verify(folder)
+        for problem in problems:
+            print(f"avatar-rtc: {problem}", file=sys.stderr)
+        print(f"{folder}: {'sound' if not problems else 'NOT sound'}")
+        return 1 if problems else 0
+    try:
+        download_weights(folder)
+    except WeightsError as exc:
+        print(f"avatar-rtc: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # no network, a full disk
+        print(f"avatar-rtc: error: download failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"MuseTalk weights in {folder}, checked; serve with --weights-dir {folder}")
     return 0
 
 
@@ -287,7 +399,7 @@ def _doctor() -> int:
     import aiortc
     import av
 
-    from rtc_server.engines import load_engine_factory
+    from rtc_server.engines import load_engine_factory, musetalk_choice
 
     print(f"python {sys.version.split()[0]}, aiortc {aiortc.__version__}, av {av.__version__}")
     has_x264 = "libx264" in av.codecs_available
@@ -295,12 +407,19 @@ def _doctor() -> int:
     from rtc_server.providers.registry import choose
 
     config = ServerConfig(
+        weights_dir=Path(os.environ["AVATAR_RTC_WEIGHTS_DIR"])
+        if os.environ.get("AVATAR_RTC_WEIGHTS_DIR")
+        else None,
         openai_api_key=os.environ.get("OPENAI_API_KEY") or None,
         openai_base_url=os.environ.get("OPENAI_BASE_URL") or None,
         elevenlabs_api_key=os.environ.get("ELEVENLABS_API_KEY") or None,
     )
-    factory = load_engine_factory(config)
-    print(f"lip-sync engine: {factory.name} ({factory.reason})")
+    use_musetalk, reason = musetalk_choice(config)
+    if use_musetalk:  # say so without loading a GPU model just to print a line
+        print(f"lip-sync engine: musetalk ({reason})")
+    else:
+        factory = load_engine_factory(config)
+        print(f"lip-sync engine: {factory.name} ({factory.reason})")
     for choice in choose(config):
         print(f"{choice.slot}: {choice.name} ({choice.reason})")
     return 0
@@ -320,6 +439,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return _serve(args, environ)
     if args.command == "prepare-avatar":
         return _prepare(args)
+    if args.command == "download-weights":
+        return _download_weights(args)
     if args.command == "doctor":
         return _doctor()
     if args.command == "token":

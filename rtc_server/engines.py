@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from musetalk_core.types import LipSyncEngine
 from rtc_server.config import ServerConfig
@@ -24,6 +27,10 @@ class EngineFactory:
     create: Callable[[], LipSyncEngine]
     mouth_box: tuple[int, int, int, int] | None = None
     """(x, y, w, h) of the avatar's mouth in the frame, where the engine knows it."""
+    notice: str | None = None
+    """A problem every call should hear about (an ``error`` event), e.g. a fallback."""
+    close: Callable[[], None] | None = None
+    """Releases what the engine holds for the process (MuseTalk's worker thread)."""
 
 
 def load_engine_factory(config: ServerConfig) -> EngineFactory:
@@ -45,14 +52,101 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
 
     image = builtin_portrait() if config.avatar is None else load_portrait(config.avatar)
     avatar = prepare_avatar(image, cache_dir=config.cache_dir / "avatars")
-    reason = (
-        "engine 'warp' requested"
-        if config.engine == "warp"
-        else "auto: MuseTalk is not available in this build, using the CPU 'warp' renderer"
-    )
+    notice = None
+    if config.engine == "warp":
+        reason = "engine 'warp' requested"
+    else:
+        use, reason = musetalk_choice(config)
+        if use:
+            try:
+                return _load_musetalk(config, reason, avatar.mouth_box)
+            except Exception as exc:  # weights, import, out of memory: never a crash
+                logger.exception("MuseTalk failed to load")
+                reason = f"MuseTalk failed to load ({exc}); using the CPU 'warp' renderer"
+                notice = reason
     logger.info("lip-sync engine: warp (%s)", reason)
 
     def create() -> LipSyncEngine:
         return WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE)
 
-    return EngineFactory("warp", reason, create, mouth_box=avatar.mouth_box)
+    return EngineFactory("warp", reason, create, mouth_box=avatar.mouth_box, notice=notice)
+
+
+def weights_dir(config: ServerConfig) -> Path:
+    from musetalk_core.weights import DEFAULT_WEIGHTS_DIR
+
+    return config.weights_dir if config.weights_dir is not None else DEFAULT_WEIGHTS_DIR
+
+
+def musetalk_choice(config: ServerConfig) -> tuple[bool, str]:
+    """Whether to load MuseTalk, and why (``auto`` needs CUDA, the weights and the libraries)."""
+    import importlib.util
+
+    folder = weights_dir(config)
+    missing = [m for m in ("torch", "diffusers", "transformers") if not importlib.util.find_spec(m)]
+    if config.engine == "musetalk":
+        if missing:
+            libs = ", ".join(missing)
+            return False, f"MuseTalk asked for, but {libs} not installed; using 'warp'"
+        return True, f"engine 'musetalk' requested (weights in {folder})"
+    if missing:
+        return False, f"auto: {', '.join(missing)} not installed, using the CPU 'warp' renderer"
+    from musetalk_core.weights import WeightsError, check_layout
+
+    try:
+        check_layout(folder)
+    except WeightsError as exc:
+        return False, f"auto: {exc}; using the CPU 'warp' renderer"
+    import torch
+
+    if config.musetalk_device == "cpu" or not torch.cuda.is_available():
+        return False, (
+            "auto: no CUDA device (MuseTalk on CPU is about 0.3 fps), using the CPU 'warp' renderer"
+        )
+    return True, f"auto: CUDA and MuseTalk weights in {folder}"
+
+
+def _load_musetalk(
+    config: ServerConfig, reason: str, mouth_box: tuple[int, int, int, int]
+) -> EngineFactory:
+    from musetalk_core.engine import MuseTalkEngine, MuseTalkRuntime
+    from musetalk_core.material import prepare_musetalk_avatar
+    from musetalk_core.models import load_models, resolve_placement
+    from musetalk_core.weights import weights_id
+
+    folder = weights_dir(config)
+    placement = resolve_placement(config.musetalk_device)
+    models = load_models(folder, placement)
+    if config.musetalk_compile:
+        from musetalk_core.inference import compile_models
+
+        compile_models(models)
+    source = config.avatar if config.avatar is not None else _builtin_source()
+    material = prepare_musetalk_avatar(
+        source,
+        models.encode_crops,
+        encoder_id=weights_id(folder),
+        cache_dir=config.cache_dir / "musetalk-avatars",
+    )
+    runtime = MuseTalkRuntime(
+        models, material, fps=VIDEO_FPS, sample_rate=AUDIO_RATE, max_batch=config.musetalk_batch
+    )
+    warm_ms = runtime.warm_up()
+    logger.info("lip-sync engine: musetalk on %s (%s); warm-up %.0f ms", placement, reason, warm_ms)
+
+    def create() -> LipSyncEngine:
+        return MuseTalkEngine(runtime)
+
+    return EngineFactory(
+        "musetalk",
+        f"{reason}; {placement}",
+        create,
+        mouth_box=mouth_box,
+        close=runtime.close,
+    )
+
+
+def _builtin_source() -> np.ndarray:
+    from musetalk_core.avatar import builtin_portrait
+
+    return builtin_portrait()

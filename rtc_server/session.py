@@ -108,6 +108,8 @@ class AvatarSession:
             )
         self.conversation = Conversation(self.settings.system_prompt, self.settings.history_chars)
         self.channel: RTCDataChannel | None = None
+        self.notices: list[tuple[str, str]] = []
+        """(code, message) errors told to the caller when the data channel opens."""
         self.state = "listening"
         self.last_turn: dict[str, float] | None = None
         self._executor = executor
@@ -233,6 +235,8 @@ class AvatarSession:
         self.channel = channel
         channel.on("message", self._on_message)
         self.send_event({"type": "state", "state": self.state})
+        for code, message in self.notices:
+            self._error(code, message)
 
     def _on_message(self, message: str | bytes) -> None:
         try:

@@ -45,6 +45,32 @@ def test_bench_engine(tmp_path: Path) -> None:
     assert r["engine"] == "warp" and r["speaking_ms"]["n"] == 20 and r["idle_ms"]["n"] == 20
 
 
+def test_bench_engine_musetalk_with_tiny_random_weights(tmp_path: Path) -> None:
+    r = _run(
+        tmp_path,
+        "engine",
+        "--engine",
+        "musetalk",
+        "--device",
+        "cpu",
+        "--batch-sizes",
+        "1,2",
+        "--rounds",
+        "1",
+        "--blend-size",
+        "640x360",
+    )
+    assert r["engine"] == "musetalk" and r["weights"] == "random-tiny"
+    assert r["placement"] == "cpu float32" and r["gpu_memory"] is None
+    assert [b["batch"] for b in r["batches"]] == [1, 2]
+    for b in r["batches"]:
+        assert b["fps"] > 0 and b["step_ms"]["n"] == 1
+        assert all(b["stages_ms"][k] > 0 for k in ("features", "unet", "vae", "blend"))
+    assert r["first_frame_ms"]["n"] == 3
+    blend = r["blend_ms"]
+    assert 0 < blend["crop_ms"] < blend["full_frame_ms"]
+
+
 def test_bench_vad(tmp_path: Path) -> None:
     r = _run(tmp_path, "vad", "--seconds", "3")
     assert r["chunks"] == 93 and r["cost_ms"]["p50"] > 0

@@ -84,3 +84,63 @@ def test_token_command_mints_what_the_server_accepts(capsys: pytest.CaptureFixtu
     assert main(["token"], {}) == 2
     assert "--api-key" in capsys.readouterr().err
     assert main(["token", "--api-key", "k1", "--ttl-s", "0"], {}) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from musetalk_core.tiny import build_random_weights
+
+    return build_random_weights(tmp_path_factory.mktemp("weights"))
+
+
+def test_prepare_avatar_for_musetalk_is_cached(
+    tiny_weights: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from skimage import data
+
+    portrait = tmp_path / "me.png"
+    cv2.imwrite(str(portrait), cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR))
+    argv = ["prepare-avatar", str(portrait), "--out", str(tmp_path / "cache")]
+    argv += ["--engine", "musetalk", "--weights-dir", str(tiny_weights)]
+    argv += ["--musetalk-device", "cpu"]
+    assert main(argv, {}) == 0
+    out = capsys.readouterr().out
+    assert "musetalk:" in out and "prepared, 1 source frames" in out
+    assert main(argv, {}) == 0
+    assert "cache hit" in capsys.readouterr().out
+    # Without weights: a clear error for --engine musetalk, a note for auto.
+    argv[argv.index(str(tiny_weights))] = str(tmp_path / "none")
+    assert main(argv, {}) == 2
+    assert "no MuseTalk weights directory" in capsys.readouterr().err
+    argv[argv.index("musetalk")] = "auto"
+    assert main(argv, {}) == 0
+    assert "musetalk: skipped" in capsys.readouterr().out
+
+
+def test_download_weights_verify(
+    tiny_weights: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    assert main(["download-weights", "--dir", str(tiny_weights), "--verify"], {}) == 0
+    assert "sound" in capsys.readouterr().out
+    copy = tmp_path / "w"
+    shutil.copytree(tiny_weights, copy)
+    config = copy / "whisper" / "config.json"
+    config.write_text(config.read_text().replace('"d_model": 384', '"d_model": 385'))
+    assert main(["download-weights", "--dir", str(copy), "--verify"], {}) == 1
+    assert "whisper/config.json: SHA-256 differs" in capsys.readouterr().err
+
+
+def test_doctor_says_which_engine_and_why(
+    tiny_weights: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    monkeypatch.setenv("AVATAR_RTC_WEIGHTS_DIR", str(tiny_weights))
+    assert main(["doctor"], {}) == 0
+    out = capsys.readouterr().out
+    if torch.cuda.is_available():
+        assert "lip-sync engine: musetalk (auto: CUDA and MuseTalk weights" in out
+    else:
+        assert "lip-sync engine: warp (auto: no CUDA device" in out

@@ -244,3 +244,21 @@ def test_prometheus_scrapes_the_metrics_route() -> None:
     (k8s_job,) = _one(K8S / "prometheus-scrape-job.yaml")["scrape_configs"]
     targets = {c.get("target_label") for c in k8s_job["relabel_configs"]}
     assert {"namespace", "pod"} <= targets  # what the adapter's seriesQuery needs
+
+
+def test_the_gpu_image_matches_the_server() -> None:
+    """Dockerfile.gpu: its AVATAR_RTC_* settings are real flags, it serves the port it
+    exposes, probes /readyz, runs as a non-root user and keeps the weights in a volume."""
+    text = (DEPLOY.parent / "Dockerfile.gpu").read_text()
+    flags = _env_flags()
+    for name in re.findall(r"\b(AVATAR_RTC_[A-Z0-9_]+)=", text):
+        assert name in flags, f"Dockerfile.gpu sets {name}, which no serve flag reads"
+    port = re.search(r"AVATAR_RTC_PORT=(\d+)", text)
+    assert port is not None and f"EXPOSE {port.group(1)}/tcp" in text
+    assert re.search(r"HEALTHCHECK .*\n.*127\.0\.0\.1:" + port.group(1) + "/readyz", text)
+    assert "/readyz" in _routes()
+    assert re.search(r"^USER (?!root)\w+", text, re.M)
+    weights = re.search(r"AVATAR_RTC_WEIGHTS_DIR=(\S+)", text)
+    assert weights is not None and f'"{weights.group(1)}"' in text.split("VOLUME", 1)[1]
+    assert 'ENTRYPOINT ["avatar-rtc"]' in text  # exec form: SIGTERM reaches the server
+    assert "onnxruntime-gpu" in text and '".[stt,gpu]"' in text

@@ -85,6 +85,14 @@ async def test_embed_page_frame_ancestors_are_self_and_the_allowed_origins(
     assert _directives(headers["Content-Security-Policy"])["frame-ancestors"] == ["'self'"]
     assert json.loads(_page_settings(page)["data-allowed-origins"]) == [live_server.url]
 
+    # The call page opens the microphone too: the same origins may frame it, no others.
+    status, _, headers = await _get(embedding_server.url + "/")
+    assert status == 200
+    csp = _directives(headers["Content-Security-Policy"])
+    assert sorted(csp["frame-ancestors"]) == sorted(["'self'", PARTNER, "http://127.0.0.1:9"])
+    _, _, headers = await _get(live_server.url + "/")
+    assert _directives(headers["Content-Security-Policy"])["frame-ancestors"] == ["'self'"]
+
 
 def test_frame_ancestors_never_carries_anything_but_origins() -> None:
     policy = AccessPolicy(

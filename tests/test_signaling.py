@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -140,11 +141,19 @@ async def test_at_capacity_is_503_with_retry_after(engine_factory, cache_dir) ->
     try:
         await first.connect()
         sdp = await make_offer()
+        for _ in range(100):
+            if first.received.video:
+                break
+            await asyncio.sleep(0.05)
+        before = len(first.received.video)
         async with aiohttp.ClientSession() as http:
             async with http.post(server.url + "/offer", json={"sdp": sdp, "type": "offer"}) as r:
                 _assert_error(r.status, await r.json(), 503, "at_capacity")
                 assert int(r.headers["Retry-After"]) > 0
         assert len(server.manager.sessions) == 1
+        # The call already running is untouched: its video keeps coming.
+        await asyncio.sleep(1.0)
+        assert len(first.received.video) >= before + 15
     finally:
         await first.close()
         await runner.cleanup()

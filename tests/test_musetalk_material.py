@@ -1,0 +1,431 @@
+"""MuseTalk avatar material (crops, latents, masks, cache) and the face blends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import av
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from musetalk_core import material as material_mod
+from musetalk_core.avatar import AvatarError, NoFaceError, builtin_portrait
+from musetalk_core.blending import blend_crop, blend_crop_torch, blend_full_frame, time_blends
+from musetalk_core.material import (
+    MaterialSettings,
+    MuseTalkAvatar,
+    blend_mask,
+    crop_box,
+    face_crop,
+    masked_crop,
+    musetalk_box,
+    prepare_musetalk_avatar,
+)
+
+
+class FakeEncoder:
+    """Latents that follow the pixels: channels 0-2 are the crop averaged over 8x8 blocks."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.crops = 0
+
+    def __call__(self, crops: np.ndarray) -> np.ndarray:
+        assert crops.dtype == np.uint8 and crops.shape[1:] == (256, 256, 3)
+        self.calls += 1
+        self.crops += len(crops)
+        out = np.zeros((len(crops), 4, 32, 32), np.float32)
+        for i, crop in enumerate(crops):
+            small = cv2.resize(crop, (32, 32), interpolation=cv2.INTER_AREA)
+            out[i, :3] = small.transpose(2, 0, 1) / 255.0
+            out[i, 3] = 1.0
+        return out
+
+
+def _refuse(crops: np.ndarray) -> np.ndarray:
+    raise AssertionError("encode ran although the cache should have been used")
+
+
+def _portrait_crop() -> np.ndarray:
+    """The bundled portrait cut to 320x320 around the face (Haar box 177..270 x 67..160)."""
+    return np.ascontiguousarray(builtin_portrait()[:320, 60:380])
+
+
+def _write_video(path: Path, frames: Sequence[np.ndarray], rate: int = 25) -> None:
+    h, w = frames[0].shape[:2]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        stream.options = {"qscale": "2"}
+        for img in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def _shifted(img: np.ndarray, dx: int) -> np.ndarray:
+    matrix = np.array([[1, 0, dx], [0, 1, 0]], np.float32)
+    h, w = img.shape[:2]
+    return np.asarray(cv2.warpAffine(img, matrix, (w, h), borderMode=cv2.BORDER_REPLICATE))
+
+
+@pytest.fixture(scope="module")
+def still() -> MuseTalkAvatar:
+    return prepare_musetalk_avatar(builtin_portrait(), FakeEncoder(), encoder_id="fake")
+
+
+# --------------------------------------------------------------------------------------------
+# Geometry
+
+
+def test_face_box_reaches_the_chin_plus_margin() -> None:
+    # A Haar box (x, y, w, h) runs to under the lower lip; MuseTalk's box runs to the chin.
+    assert musetalk_box((100, 50, 80, 80), (400, 300), extra_margin=0) == (100, 50, 180, 142)
+    assert musetalk_box((100, 50, 80, 80), (400, 300)) == (100, 50, 180, 152)
+    assert musetalk_box((100, 50, 80, 80), (400, 300), extra_margin=25) == (100, 50, 180, 167)
+
+
+def test_bbox_shift_moves_the_top_edge_twice_as_upstream() -> None:
+    assert musetalk_box((100, 50, 80, 80), (400, 300), bbox_shift=5)[1] == 60
+    assert musetalk_box((100, 50, 80, 80), (400, 300), bbox_shift=-7)[1] == 36
+    assert musetalk_box((100, 50, 80, 80), (400, 300), bbox_shift=-40)[1] == 0, "clipped"
+    with pytest.raises(AvatarError, match="bbox_shift=50"):
+        musetalk_box((100, 50, 80, 80), (400, 300), bbox_shift=50)
+
+
+def test_face_box_is_clipped_to_the_frame() -> None:
+    # Chin beyond the bottom edge, margin too; box partly left of and right of the frame.
+    assert musetalk_box((100, 220, 80, 80), (400, 300)) == (100, 220, 180, 300)
+    assert musetalk_box((-6, 10, 80, 80), (400, 300))[0] == 0
+    assert musetalk_box((350, 10, 80, 80), (400, 300))[2] == 400
+
+
+def test_crop_box_is_the_face_box_times_one_and_a_half() -> None:
+    assert crop_box((177, 67, 270, 184)) == (136, 38, 310, 212)
+    x1, y1, x2, y2 = crop_box((100, 100, 200, 220))
+    assert x2 - x1 == y2 - y1 == 2 * int(120 // 2 * 1.5)
+    assert ((x1 + x2) // 2, (y1 + y2) // 2) == (150, 160)
+
+
+def test_blend_mask_keeps_the_lower_face_feathered() -> None:
+    face = (177, 67, 270, 184)
+    box, mask = blend_mask(face, (512, 512))
+    assert box == crop_box(face) and mask.dtype == np.uint8
+    assert mask.shape == (box[3] - box[1], box[2] - box[0])
+    half = mask.shape[0] // 2
+    kernel = int(0.1 * mask.shape[1] // 2 * 2) + 1
+    # Nothing above the upper boundary except what the blur spreads up by half a kernel.
+    assert mask[: half - kernel // 2].max() == 0
+    cx, cy = (face[0] + face[2]) // 2 - box[0], face[1] + 3 * (face[3] - face[1]) // 4 - box[1]
+    assert mask[cy, cx] == 255, "lower face, well inside the ellipse"
+    assert 0 < mask[half - 2, cx] < 255, "soft upper edge"
+    assert mask[-1].max() == 0 and mask[:, 0].max() == 0 and mask[:, -1].max() == 0
+    # Lower corners of the face box lie outside the inscribed ellipse (the jaw).
+    assert mask[face[3] - 1 - box[1], face[0] - box[0]] < mask[cy, cx] // 4
+
+
+def test_blend_mask_is_clipped_at_the_frame_edge() -> None:
+    inner = (230, 210, 330, 340)
+    edge = (30, 10, 130, 140)  # the same face 200 px up and left: its crop leaves the frame
+    big_box, big = blend_mask(inner, (800, 800))
+    box, mask = blend_mask(edge, (400, 300))
+    assert box[0] == 0 and box[1] == 0 and box == (0, 0, big_box[2] - 200, big_box[3] - 200)
+    assert mask.shape == (box[3], box[2])
+    off_x, off_y = 200 - big_box[0], 200 - big_box[1]
+    assert np.array_equal(mask, big[off_y:, off_x:])
+
+
+def test_face_crop_and_masked_crop() -> None:
+    img = builtin_portrait()
+    crop = face_crop(img, (177, 67, 270, 184))
+    assert crop.shape == (256, 256, 3) and crop.dtype == np.uint8
+    masked = masked_crop(crop)
+    assert (masked[128:] == 0).all() and np.array_equal(masked[:128], crop[:128])
+    assert (crop[128:] != 0).any(), "the original is untouched"
+    batch = masked_crop(np.stack([crop, crop]))
+    assert (batch[:, 128:] == 0).all() and np.array_equal(
+        batch[:, :128], np.stack([crop] * 2)[:, :128]
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Preparation
+
+
+def test_still_picture_material(still: MuseTalkAvatar) -> None:
+    assert len(still) == 1 and still.source_frames == 1 and not still.cache_hit
+    assert still.frame_size == (512, 512)
+    assert tuple(still.face_boxes[0]) == (177, 67, 270, 184)
+    assert tuple(still.crop_boxes[0]) == crop_box((177, 67, 270, 184))
+    assert still.latents.shape == (1, 8, 32, 32) and still.latents.dtype == np.float32
+    assert still.settings == MaterialSettings(encoder_id="fake")
+
+
+def test_latents_are_masked_then_reference(still: MuseTalkAvatar) -> None:
+    x1, y1, x2, y2 = (int(v) for v in still.face_boxes[0])
+    crop = face_crop(still.frames[0], (x1, y1, x2, y2))
+    expected = FakeEncoder()(crop[None])[0]
+    masked, ref = still.latents[0, :4], still.latents[0, 4:]
+    assert np.allclose(ref, expected)
+    assert (masked[:3, 16:] == 0).all(), "lower half black"
+    assert np.allclose(masked[:3, :16], expected[:3, :16])
+
+
+def test_encode_batches_and_progress(tmp_path: Path) -> None:
+    frames = [_shifted(_portrait_crop(), 2 * k) for k in range(5)]
+    path = tmp_path / "clip.mp4"
+    _write_video(path, frames)
+    enc = FakeEncoder()
+    seen: list[tuple[str, int, int]] = []
+    avatar = prepare_musetalk_avatar(
+        path, enc, encoder_id="fake", batch_size=2, progress=lambda *a: seen.append(a)
+    )
+    assert avatar.source_frames == 5
+    assert enc.calls == 3 and enc.crops == 10, "masked + reference crops, 2 frames per call"
+    assert seen[-1] == ("latents", 5, 5) and ("faces", 5, 5) in seen
+
+
+def test_tiny_diffusers_vae_gives_unet_input_shapes() -> None:
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae: Any = AutoencoderKL(  # type: ignore[no-untyped-call]
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(32, 64, 64, 64),
+        layers_per_block=1,
+        norm_num_groups=32,
+        latent_channels=4,
+        sample_size=256,
+    )
+    vae.eval()
+
+    @torch.no_grad()
+    def encode(crops: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(crops).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        latents = vae.encode(x).latent_dist.mode() * 0.18215
+        out: np.ndarray = latents.numpy()
+        return out
+
+    avatar = prepare_musetalk_avatar(builtin_portrait(), encode, encoder_id="tiny")
+    assert avatar.latents.shape == (1, 8, 32, 32) and avatar.latents.dtype == np.float32
+    assert np.isfinite(avatar.latents).all()
+    assert not np.allclose(avatar.latents[0, :4], avatar.latents[0, 4:]), "masked != reference"
+
+
+def test_video_plays_as_a_ping_pong_cycle(tmp_path: Path) -> None:
+    n = 6
+    path = tmp_path / "idle.mp4"
+    _write_video(path, [_shifted(_portrait_crop(), 3 * k) for k in range(n)])
+    avatar = prepare_musetalk_avatar(path, FakeEncoder(), encoder_id="fake")
+    assert avatar.source_frames == n and len(avatar) == 2 * n
+    assert avatar.frame_size == (320, 320)
+    for i in range(n):
+        j = 2 * n - 1 - i
+        assert avatar.frames[i] is avatar.frames[j] and avatar.masks[i] is avatar.masks[j]
+        assert np.array_equal(avatar.face_boxes[i], avatar.face_boxes[j])
+        assert np.array_equal(avatar.crop_boxes[i], avatar.crop_boxes[j])
+        assert np.array_equal(avatar.latents[i], avatar.latents[j])
+    assert len(avatar.latents) == len(avatar.face_boxes) == len(avatar.masks) == 2 * n
+    # The face moves 3 px a frame to the right; the (smoothed) boxes follow it.
+    xs = avatar.face_boxes[:n, 0]
+    assert (np.diff(xs) >= 0).all() and 8 <= xs[-1] - xs[0] <= 22
+    assert not np.array_equal(avatar.latents[0], avatar.latents[n - 1])
+
+
+def test_frames_without_a_face_take_the_nearest_box() -> None:
+    face = _portrait_crop()
+    blank = np.full_like(face, 128)
+    frames = [face, blank, blank, _shifted(face, 4)]
+    settings = MaterialSettings(encoder_id="x")
+    boxes = material_mod._face_boxes(frames, "clip", settings, None)
+    assert len(boxes) == 4
+    assert all(b[2] > b[0] and b[3] > b[1] for b in boxes)
+    assert boxes[0][0] <= boxes[1][0] <= boxes[2][0] <= boxes[3][0] <= boxes[0][0] + 4
+
+
+def test_video_is_resampled_to_25_fps_and_capped(tmp_path: Path) -> None:
+    levels = [20 * k + 30 for k in range(10)]
+    path = tmp_path / "fast.mp4"
+    _write_video(path, [np.full((64, 64, 3), v, np.uint8) for v in levels], rate=50)
+    frames = material_mod._read_video(path, MaterialSettings(encoder_id="x"))
+    assert [round(float(f.mean()) / 10) * 10 for f in frames] == levels[::2]
+    capped = material_mod._read_video(path, MaterialSettings(encoder_id="x", max_frames=3))
+    assert len(capped) == 3
+    every = material_mod._read_video(path, MaterialSettings(encoder_id="x", fps=None))
+    assert len(every) == 10
+    short = material_mod._read_video(path, MaterialSettings(encoder_id="x", max_seconds=0.1))
+    assert len(short) == 2
+
+
+def test_second_preparation_is_a_cache_hit(tmp_path: Path) -> None:
+    enc = FakeEncoder()
+    first = prepare_musetalk_avatar(builtin_portrait(), enc, encoder_id="vae-a", cache_dir=tmp_path)
+    (path,) = tmp_path.glob("musetalk-avatar-*.npz")
+    assert not list(tmp_path.glob("*.tmp")), "written atomically"
+    second = prepare_musetalk_avatar(
+        builtin_portrait(), _refuse, encoder_id="vae-a", cache_dir=tmp_path
+    )
+    assert second.cache_hit and not first.cache_hit
+    assert second.digest == first.digest and second.settings == first.settings
+    assert np.array_equal(second.latents, first.latents)
+    assert np.array_equal(second.face_boxes, first.face_boxes)
+    assert np.array_equal(second.crop_boxes, first.crop_boxes)
+    assert all(np.array_equal(a, b) for a, b in zip(second.masks, first.masks, strict=True))
+    assert np.array_equal(second.frames[0], first.frames[0])
+    # Another bbox_shift, margin or VAE is another preparation.
+    for kwargs in ({"bbox_shift": 2}, {"extra_margin": 0}, {"encoder_id": "vae-b"}):
+        args = {"encoder_id": "vae-a", **kwargs}
+        before = enc.calls
+        again = prepare_musetalk_avatar(builtin_portrait(), enc, cache_dir=tmp_path, **args)  # type: ignore[arg-type]
+        assert not again.cache_hit and enc.calls > before, kwargs
+    assert len(list(tmp_path.glob("musetalk-avatar-*.npz"))) == 4
+
+
+def test_video_cache_hit_keeps_the_cycle(tmp_path: Path) -> None:
+    path = tmp_path / "idle.mp4"
+    _write_video(path, [_shifted(_portrait_crop(), 2 * k) for k in range(3)])
+    first = prepare_musetalk_avatar(path, FakeEncoder(), encoder_id="v", cache_dir=tmp_path)
+    second = prepare_musetalk_avatar(path, _refuse, encoder_id="v", cache_dir=tmp_path)
+    assert second.cache_hit and len(second) == len(first) == 6
+    assert second.frames[1] is second.frames[4]
+    assert np.array_equal(second.latents, first.latents)
+
+
+def test_corrupt_cache_is_rebuilt(tmp_path: Path) -> None:
+    enc = FakeEncoder()
+    prepare_musetalk_avatar(builtin_portrait(), enc, encoder_id="v", cache_dir=tmp_path)
+    (path,) = tmp_path.glob("musetalk-avatar-*.npz")
+    path.write_bytes(path.read_bytes()[:1000])
+    again = prepare_musetalk_avatar(builtin_portrait(), enc, encoder_id="v", cache_dir=tmp_path)
+    assert not again.cache_hit and enc.calls == 2
+    third = prepare_musetalk_avatar(builtin_portrait(), _refuse, encoder_id="v", cache_dir=tmp_path)
+    assert third.cache_hit
+
+
+def test_no_face_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(NoFaceError, match="no frontal face found in the image"):
+        prepare_musetalk_avatar(np.full((300, 400, 3), 128, np.uint8), _refuse, encoder_id="v")
+    path = tmp_path / "wall.mp4"
+    _write_video(path, [np.full((96, 128, 3), 60 + 20 * k, np.uint8) for k in range(3)])
+    with pytest.raises(NoFaceError, match=r"wall\.mp4.*none in any of its 3 frames"):
+        prepare_musetalk_avatar(path, _refuse, encoder_id="v")
+
+
+def test_unreadable_sources(tmp_path: Path) -> None:
+    with pytest.raises(AvatarError, match="not found"):
+        prepare_musetalk_avatar(tmp_path / "nope.mp4", _refuse, encoder_id="v")
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"not a video" * 100)
+    with pytest.raises(AvatarError, match="cannot read"):
+        prepare_musetalk_avatar(bad, _refuse, encoder_id="v")
+    with pytest.raises(ValueError, match="encode returned shape"):
+        prepare_musetalk_avatar(
+            builtin_portrait(), lambda c: np.zeros((1, 4, 32, 32), np.float32), encoder_id="v"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Blending
+
+
+def _blend_case(
+    frame_size: tuple[int, int] = (640, 360), face: tuple[int, int, int, int] = (260, 60, 380, 210)
+) -> tuple[
+    np.ndarray, np.ndarray, tuple[int, int, int, int], tuple[int, int, int, int], np.ndarray
+]:
+    rng = np.random.default_rng(1)
+    w, h = frame_size
+    frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    face256 = cv2.GaussianBlur(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8), (9, 9), 3)
+    box, mask = blend_mask(face, frame_size)
+    return frame, np.asarray(face256, np.uint8), face, box, mask
+
+
+def _changeable(
+    frame_shape: tuple[int, ...],
+    face: tuple[int, int, int, int],
+    box: tuple[int, int, int, int],
+    mask: np.ndarray,
+) -> np.ndarray:
+    """Pixels a blend may change: inside the face box where the mask is not 0."""
+    full = np.zeros(frame_shape[:2], np.uint8)
+    full[box[1] : box[3], box[0] : box[2]] = mask
+    inside = np.zeros(frame_shape[:2], bool)
+    inside[face[1] : face[3], face[0] : face[2]] = True
+    result: np.ndarray = inside & (full > 0)
+    return result
+
+
+@pytest.mark.parametrize("face", [(260, 60, 380, 210), (5, 0, 125, 150), (530, 220, 640, 360)])
+def test_blend_leaves_pixels_outside_the_mask_unchanged(face: tuple[int, int, int, int]) -> None:
+    frame, face256, face, box, mask = _blend_case(face=face)
+    original = frame.copy()
+    out = blend_crop(frame, face256, face, box, mask)
+    assert np.array_equal(frame, original), "input untouched"
+    keep = ~_changeable(frame.shape, face, box, mask)
+    assert np.array_equal(out[keep], frame[keep])
+    # Where the mask is full the face replaces the frame.
+    full = np.zeros(frame.shape[:2], np.uint8)
+    full[box[1] : box[3], box[0] : box[2]] = mask
+    resized = cv2.resize(face256, (face[2] - face[0], face[3] - face[1]))
+    solid = full[face[1] : face[3], face[0] : face[2]] == 255
+    assert solid.any()
+    assert np.array_equal(out[face[1] : face[3], face[0] : face[2]][solid], resized[solid])
+
+
+def test_full_frame_blend_matches_the_crop_blend() -> None:
+    frame, face256, face, box, mask = _blend_case()
+    a = blend_crop(frame, face256, face, box, mask).astype(int)
+    b = blend_full_frame(frame, face256, face, box, mask).astype(int)
+    assert np.abs(a - b).max() <= 1
+
+
+def test_torch_blend_matches_numpy() -> None:
+    cases = [_blend_case(face=f) for f in ((260, 60, 380, 210), (5, 0, 125, 150))]
+    frames = torch.from_numpy(np.stack([c[0] for c in cases]))
+    faces = torch.from_numpy(np.stack([c[1] for c in cases]))
+    out = blend_crop_torch(
+        frames,
+        faces,
+        [c[2] for c in cases],
+        [c[3] for c in cases],
+        [torch.from_numpy(c[4]) for c in cases],
+    )
+    assert out.dtype == torch.uint8 and out.shape == frames.shape
+    for i, (frame, face256, face, box, mask) in enumerate(cases):
+        expected = blend_crop(frame, face256, face, box, mask).astype(int)
+        got = out[i].numpy().astype(int)
+        # Bilinear resizes differ: OpenCV rounds the uint8 face with fixed-point weights, torch
+        # interpolates in float and the blend rounds once.
+        assert np.abs(got - expected).max() <= 2
+        keep = ~_changeable(frame.shape, face, box, mask)
+        assert np.array_equal(got[keep], frame[keep])
+    # Float faces and float masks (0..1) give the same frames.
+    again = blend_crop_torch(
+        frames,
+        faces.float(),
+        [c[2] for c in cases],
+        [c[3] for c in cases],
+        [torch.from_numpy(c[4]).float() / 255 for c in cases],
+    )
+    assert torch.equal(again, out)
+
+
+def test_blend_rejects_a_mask_of_the_wrong_size() -> None:
+    frame, face256, face, box, mask = _blend_case()
+    with pytest.raises(ValueError, match="does not fit crop box"):
+        blend_crop(frame, face256, face, box, mask[1:])
+
+
+def test_time_blends_reports_medians() -> None:
+    result = time_blends((320, 240), n=2, torch_device="cpu")
+    assert set(result) == {"crop_ms", "full_frame_ms", "torch_ms", "face_w", "face_h"}
+    assert all(v > 0 for v in result.values())
