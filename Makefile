@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test install chromium lint clean
+.PHONY: run test test-slow install chromium lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ test: install chromium lint
 	else \
 	  $(PY) -m pytest $(PYTEST_ARGS); \
 	fi
+
+# The long reliability runs (5,000 fuzz cases, 100 calls in a row): minutes, not in CI.
+test-slow:
+	$(MAKE) test PYTEST_ARGS="-m slow $(PYTEST_ARGS)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

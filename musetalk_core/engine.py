@@ -35,7 +35,7 @@ import numpy.typing as npt
 import torch
 
 from .blending import blend_crop, blend_crop_torch
-from .features import Downsampler, FeatureStream, WhisperFeatures
+from .features import DEFAULT_LOOKAHEAD_S, Downsampler, FeatureStream, WhisperFeatures
 from .inference import StageTimes, infer_batch
 from .material import MuseTalkAvatar
 from .models import MuseTalkModels
@@ -61,7 +61,7 @@ class MuseTalkRuntime:
         sample_rate: int = 48_000,
         max_batch: int = 16,
         first_batch: int = 2,
-        lookahead_s: float = 0.2,
+        lookahead_s: float = DEFAULT_LOOKAHEAD_S,
     ) -> None:
         self.models = models
         self.avatar = avatar

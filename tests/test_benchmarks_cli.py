@@ -76,14 +76,12 @@ def test_bench_vad(tmp_path: Path) -> None:
     assert r["chunks"] == 93 and r["cost_ms"]["p50"] > 0
 
 
-@pytest.mark.slow
 def test_bench_call(tmp_path: Path) -> None:
     r = _run(tmp_path, "call", "--says", "1")
     assert r["receiver_fps"] > 20
     assert len(r["lipsync"]) == 1 and r["lipsync"][0]["correlation"] > 0.3
 
 
-@pytest.mark.slow
 def test_bench_latency(tmp_path: Path) -> None:
     r = _run(tmp_path, "latency", "--turns", "1")
     assert r["turns"] == 1 and r["client_first_audio_ms"]["n"] == 1
@@ -91,7 +89,6 @@ def test_bench_latency(tmp_path: Path) -> None:
     assert "first_audio_out_ms" in r["server_stages_ms"]
 
 
-@pytest.mark.slow
 @pytest.mark.browser
 def test_bench_browser(tmp_path: Path) -> None:
     from benchmarks.browser import chromium_missing
@@ -103,7 +100,6 @@ def test_bench_browser(tmp_path: Path) -> None:
     assert len(r["av_offset_per_say_ms"]) == 1 and r["connect_to_first_frame_ms"] > 0
 
 
-@pytest.mark.slow
 def test_bench_load(tmp_path: Path) -> None:
     r = _run(tmp_path, "load", "--max-calls", "1")
     step = r["steps"][0]

@@ -14,8 +14,6 @@ import pytest
 from benchmarks.client import CallClient, make_offer
 from benchmarks.latency import spawn_server
 
-pytestmark = pytest.mark.slow
-
 DRAIN_S = 6.0
 SLACK_S = 4.0
 """Closing the last call, the HTTP server and the thread pools after the drain."""

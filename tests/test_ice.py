@@ -302,7 +302,6 @@ class LoopbackNat:
             sock.close()
 
 
-@pytest.mark.slow
 async def test_nat_one_to_one_the_caller_reaches_the_announced_address(tmp_path: Path) -> None:
     # The server gathers on 127.0.0.2 only and announces 127.0.0.1; a NAT maps
     # 127.0.0.1:port -> 127.0.0.2:port. The caller is told only of 127.0.0.1.

@@ -456,7 +456,6 @@ def real_whisper(extractor: WhisperFeatureExtractor) -> WhisperFeatures:
     return WhisperFeatures(encoder, extractor)
 
 
-@pytest.mark.slow
 def test_real_encoder_streaming_error_is_bounded(
     real_whisper: WhisperFeatures, speech: np.ndarray
 ) -> None:

@@ -40,7 +40,6 @@ async def test_speech_plays_over_a_plain_frame() -> None:
     assert (frames[0].audio.pcm == 9).all() and frames[0].image.mean() < 100
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("delay_ms", [0.0, 120.0])
 def test_bench_sync_recovers_a_known_video_delay(tmp_path: Path, delay_ms: float) -> None:
     import json
@@ -55,7 +54,6 @@ def test_bench_sync_recovers_a_known_video_delay(tmp_path: Path, delay_ms: float
     assert all(abs(o - delay_ms) <= 15 for o in r["offsets_ms"]), r["offsets_ms"]
 
 
-@pytest.mark.slow
 @pytest.mark.browser
 def test_bench_sync_in_chromium_sees_an_injected_delay(tmp_path: Path) -> None:
     import json
