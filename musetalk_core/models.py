@@ -125,12 +125,7 @@ def _load_unet(config_path: Path, weights_path: Path, placement: Placement) -> A
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as exc:
         raise WeightsError(f"{config_path}: not a readable UNet config: {exc}") from exc
-    try:
-        state = torch.load(weights_path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:
-        raise WeightsError(f"{weights_path}: not a readable state dict: {exc}") from exc
-    if not isinstance(state, dict):
-        raise WeightsError(f"{weights_path}: expected a state dict, found {type(state).__name__}")
+    state = _state_dict(weights_path)
     with torch.device("meta"):
         unet = UNet2DConditionModel.from_config(config)
     try:
@@ -140,14 +135,39 @@ def _load_unet(config_path: Path, weights_path: Path, placement: Placement) -> A
     return unet.to(device=placement.device, dtype=placement.dtype).eval()
 
 
+def _state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint as plain tensors: safetensors, or a torch file read with ``weights_only``."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(path)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        raise WeightsError(f"{path}: not a readable state dict: {exc}") from exc
+    if not isinstance(state, dict):
+        raise WeightsError(f"{path}: expected a state dict, found {type(state).__name__}")
+    return state
+
+
 def _load_vae(folder: Path, placement: Placement) -> Any:
     from diffusers import AutoencoderKL
 
     try:
-        vae = AutoencoderKL.from_pretrained(folder, torch_dtype=placement.dtype)
-    except Exception as exc:
-        raise WeightsError(f"{folder}: not a loadable AutoencoderKL folder: {exc}") from exc
-    return vae.to(placement.device).eval()
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"{folder / 'config.json'}: not a readable VAE config: {exc}") from exc
+    weights = folder / "diffusion_pytorch_model.safetensors"
+    if not weights.exists():
+        weights = folder / "diffusion_pytorch_model.bin"
+    state = _state_dict(weights)
+    try:
+        with torch.device("meta"):
+            vae = AutoencoderKL.from_config(config)
+        vae.load_state_dict(state, strict=True, assign=True)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise WeightsError(f"{weights} does not match {folder / 'config.json'}: {exc}") from exc
+    return vae.to(device=placement.device, dtype=placement.dtype).eval()
 
 
 def _load_whisper(folder: Path, placement: Placement) -> tuple[Any, Any]:
@@ -171,6 +191,10 @@ def load_models(weights_dir: str | os.PathLike[str], placement: Placement) -> Mu
     """
     root = Path(weights_dir)
     check_layout(root)
+    from diffusers.utils import logging as diffusers_logging
+
+    # diffusers warns about dtype casts and a missing `accelerate` that do not apply here.
+    diffusers_logging.set_verbosity_error()
     unet = _load_unet(root / UNET_CONFIG, root / UNET_WEIGHTS, placement)
     if unet.config.in_channels != 8 or unet.config.cross_attention_dim != AUDIO_DIM:
         raise WeightsError(

@@ -114,7 +114,10 @@ class SessionManager:
             )
         self._pending += 1
         try:
-            return await self._answer(offer, ResilientEngine(self.engine_factory.create()))
+            engine = ResilientEngine(
+                self.engine_factory.create(), fallback=self.engine_factory.fallback
+            )
+            return await self._answer(offer, engine)
         finally:
             self._pending -= 1
 

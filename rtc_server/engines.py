@@ -31,6 +31,8 @@ class EngineFactory:
     """A problem every call should hear about (an ``error`` event), e.g. a fallback."""
     close: Callable[[], None] | None = None
     """Releases what the engine holds for the process (MuseTalk's worker thread)."""
+    fallback: Callable[[], LipSyncEngine] | None = None
+    """Makes the engine that takes a call over when this one fails mid-call (MuseTalk: warp)."""
 
 
 def load_engine_factory(config: ServerConfig) -> EngineFactory:
@@ -59,7 +61,12 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
         use, reason = musetalk_choice(config)
         if use:
             try:
-                return _load_musetalk(config, reason, avatar.mouth_box)
+                return _load_musetalk(
+                    config,
+                    reason,
+                    avatar.mouth_box,
+                    lambda: WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
+                )
             except Exception as exc:  # weights, import, out of memory: never a crash
                 logger.exception("MuseTalk failed to load")
                 reason = f"MuseTalk failed to load ({exc}); using the CPU 'warp' renderer"
@@ -107,7 +114,10 @@ def musetalk_choice(config: ServerConfig) -> tuple[bool, str]:
 
 
 def _load_musetalk(
-    config: ServerConfig, reason: str, mouth_box: tuple[int, int, int, int]
+    config: ServerConfig,
+    reason: str,
+    mouth_box: tuple[int, int, int, int],
+    fallback: Callable[[], LipSyncEngine],
 ) -> EngineFactory:
     from musetalk_core.engine import MuseTalkEngine, MuseTalkRuntime
     from musetalk_core.material import prepare_musetalk_avatar
@@ -143,6 +153,7 @@ def _load_musetalk(
         create,
         mouth_box=mouth_box,
         close=runtime.close,
+        fallback=fallback,
     )
 
 

@@ -104,7 +104,11 @@ class AvatarSession:
         self.speech.on_speech_queued = self.scheduler.flush_idle
         if isinstance(engine, ResilientEngine):
             engine.on_failure = lambda exc: self._error(
-                "engine_failed", "the avatar's animation stopped; the voice goes on"
+                *(
+                    ("engine_fallback", "the lip-sync engine failed; the CPU renderer took over")
+                    if engine.replaced
+                    else ("engine_failed", "the avatar's animation stopped; the voice goes on")
+                )
             )
         self.conversation = Conversation(self.settings.system_prompt, self.settings.history_chars)
         self.channel: RTCDataChannel | None = None

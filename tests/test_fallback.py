@@ -117,3 +117,37 @@ async def test_a_call_whose_engine_breaks_still_speaks(engine_factory, cache_dir
     # for the encoder refining the picture now and then (a moving mouth averages 5-20 here).
     second_half = motion[len(motion) // 2 :]
     assert len(second_half) > 40 and second_half.mean() < 1.0, motion.round(1)
+
+
+async def test_a_fallback_engine_takes_over_mid_utterance() -> None:
+    """MuseTalk falling over mid-sentence hands the rest of the sentence to warp."""
+    inner = CountingEngine()
+    inner.fail_after = 4
+    replacements: list[CountingEngine] = []
+
+    def fallback() -> CountingEngine:
+        replacements.append(CountingEngine())
+        return replacements[-1]
+
+    failures: list[BaseException] = []
+    engine = ResilientEngine(inner, on_failure=failures.append, fallback=fallback)
+    scheduler = AVScheduler(engine, lead_frames=2)
+    speech = (np.arange(1920 * 10 + 500) % 5000 + 1).astype(np.int16)
+    await engine.push_audio(AudioChunk(speech, 48_000), segment_id=3)
+    await engine.end_segment(3)
+    scheduler.start()
+    units = await _units(scheduler, 20)
+    heard = np.concatenate([u.audio.pcm for u in units if u.speaking])
+    assert len(failures) == 1 and engine.replaced and engine.failed is None
+    assert len(replacements) == 1 and inner.closed
+    assert np.array_equal(heard[: len(speech)], speech), "every sample once, in order"
+    assert len(heard) == 11 * 1920
+    # The replacement animates the rest: moving images (its frame counter), not a still.
+    after = [u for u in units if u.speaking][4:]
+    assert len({int(u.image[0, 0, 0]) for u in after}) == len(after) == 7
+    # A later utterance goes to the replacement too.
+    await engine.push_audio(AudioChunk(np.full(1920 * 2, 9, np.int16), 48_000), 4)
+    await engine.end_segment(4)
+    more = await _units(scheduler, 30)
+    assert [u.segment_id for u in more[20:] if u.speaking] == [4, 4]
+    await scheduler.aclose()

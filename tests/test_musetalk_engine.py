@@ -352,3 +352,58 @@ def test_auto_without_cuda_explains_itself(weights: Path, tmp_path: Path) -> Non
     )
     assert factory.name == "warp"
     assert "no CUDA" in factory.reason
+
+
+class RunsOutOfMemory:
+    """The UNet, until its ``after``-th batch: then CUDA's out-of-memory error."""
+
+    def __init__(self, unet, after: int) -> None:  # type: ignore[no-untyped-def]
+        self.unet, self.after, self.calls = unet, after, 0
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.unet, name)
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls > self.after:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return self.unet(*args, **kwargs)
+
+
+async def test_out_of_memory_mid_utterance_hands_the_call_to_warp(
+    models, runtime: MuseTalkRuntime, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from musetalk_core.avatar import prepare_avatar
+    from musetalk_core.warp import WarpEngine
+    from rtc_server.media.fallback import ResilientEngine
+
+    failing = dataclasses.replace(models, unet=RunsOutOfMemory(models.unet, after=1))
+    rt = MuseTalkRuntime(failing, runtime.avatar, max_batch=4, first_batch=2)
+    warp_avatar = prepare_avatar(builtin_portrait(), cache_dir=tmp_path)
+    failures: list[BaseException] = []
+    engine = ResilientEngine(
+        MuseTalkEngine(rt, frame_wait=30.0, start_wait=30.0),
+        on_failure=failures.append,
+        fallback=lambda: WarpEngine(warp_avatar, fps=25, sample_rate=RATE),
+    )
+    pcm = tone(1.0, 200)
+    await engine.push_audio(AudioChunk(pcm, RATE), 1)
+    await engine.end_segment(1)
+    spoken = []
+    frames = engine.frames()
+    while len(spoken) < 25:
+        frame = await asyncio.wait_for(anext(frames), 60)
+        if frame.speaking:
+            spoken.append(frame)
+    await frames.aclose()
+    await engine.aclose()
+    rt.close()
+    assert len(failures) == 1 and isinstance(failures[0], RuntimeError)
+    assert isinstance(failures[0].__cause__, torch.cuda.OutOfMemoryError)
+    assert engine.replaced and isinstance(engine.engine, WarpEngine)
+    assert np.array_equal(np.concatenate([f.audio.pcm for f in spoken]), pcm)
+    # The first batch was MuseTalk's; the rest of the sentence is warp's moving mouth.
+    assert spoken[0].image.shape == spoken[-1].image.shape
+    assert len({f.image.tobytes() for f in spoken[2:]}) > 5

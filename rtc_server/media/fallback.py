@@ -2,8 +2,10 @@
 
 ``ResilientEngine`` wraps any LipSyncEngine and keeps its own copy of the speech pushed into
 it, consumed frame by frame in step with the engine's speaking frames. When the engine raises,
-the copy is what is left to say: it is paired with the last idle image and played on, so the
-caller always hears the answer (ARCHITECTURE §5 rule 5). The failure is reported once.
+the copy is what is left to say. With a ``fallback`` (MuseTalk falls back to ``warp``) the
+copy goes to a fresh fallback engine, which animates the rest of the call; without one, or if
+the fallback fails too, the copy is paired with the last idle image and played on. Either way
+the caller always hears the answer (ARCHITECTURE §5 rule 5). The failure is reported once.
 """
 
 from __future__ import annotations
@@ -66,11 +68,19 @@ class ResilientEngine:
     """A LipSyncEngine that survives its inner engine: see the module docstring."""
 
     def __init__(
-        self, engine: LipSyncEngine, *, on_failure: Callable[[BaseException], None] | None = None
+        self,
+        engine: LipSyncEngine,
+        *,
+        on_failure: Callable[[BaseException], None] | None = None,
+        fallback: Callable[[], LipSyncEngine] | None = None,
     ) -> None:
         self.engine = engine
         self.failed: BaseException | None = None
         self.on_failure = on_failure
+        self.fallback = fallback
+        """Makes the engine that takes over after a failure (once per call)."""
+        self.replaced = False
+        """True once the fallback engine has taken over."""
         self._speech = _Speech(engine.sample_rate // engine.fps)
         self._still: np.ndarray | None = None
 
@@ -122,20 +132,25 @@ class ResilientEngine:
                 self._fail(exc)
 
     async def frames(self) -> AsyncGenerator[AvatarFrame, None]:
-        inner = self.engine.frames()
-        while self.failed is None:
-            try:
-                frame = await anext(inner)
-            except StopAsyncIteration:
-                return
-            except Exception as exc:
-                self._fail(exc)
+        while True:
+            inner = self.engine.frames()
+            while self.failed is None:
+                try:
+                    frame = await anext(inner)
+                except StopAsyncIteration:
+                    return
+                except Exception as exc:
+                    if await self._replace(exc):
+                        break
+                    self._fail(exc)
+                    break
+                if frame.speaking:
+                    self._speech.drop_frame(frame.segment_id)
+                else:
+                    self._still = frame.image  # a closed mouth, for the frames after a failure
+                yield frame
+            if self.failed is not None:
                 break
-            if frame.speaking:
-                self._speech.drop_frame(frame.segment_id)
-            else:
-                self._still = frame.image  # a closed mouth, for the frames after a failure
-            yield frame
         w, h = self.frame_size
         still = self._still if self._still is not None else np.zeros((h, w, 3), np.uint8)
         silence = np.zeros(self.sample_rate // self.fps, np.int16)
@@ -148,6 +163,31 @@ class ResilientEngine:
             else:
                 segment_id, pcm = speech
                 yield AvatarFrame(still, AudioChunk(pcm, self.sample_rate), True, segment_id)
+
+    async def _replace(self, exc: BaseException) -> bool:
+        """Hand the call to the fallback engine, with the speech not yet presented."""
+        if self.fallback is None or self.replaced:
+            return False
+        try:
+            replacement = self.fallback()
+        except Exception:
+            logger.exception("the fallback lip-sync engine failed to start")
+            return False
+        logger.error("lip-sync engine failed; the fallback engine takes over", exc_info=exc)
+        failed, self.engine, self.replaced = self.engine, replacement, True
+        try:
+            await failed.aclose()
+        except Exception:
+            logger.exception("the failed lip-sync engine failed to close")
+        for segment_id, data, ended in list(self._speech.segments):
+            if data:
+                pcm = np.frombuffer(bytes(data), np.int16)
+                await replacement.push_audio(AudioChunk(pcm, self.sample_rate), segment_id)
+            if ended[0]:
+                await replacement.end_segment(segment_id)
+        if self.on_failure is not None:
+            self.on_failure(exc)
+        return True
 
     async def aclose(self) -> None:
         try:
