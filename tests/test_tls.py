@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
-import socket
 import ssl
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -18,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from benchmarks.client import make_offer
+from benchmarks.latency import spawn_server
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -53,18 +51,8 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 
 async def test_serve_over_https(tmp_path: Path) -> None:
     cert_file, key_file = self_signed(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "rtc_server",
-        "serve",
-        "--port",
-        str(port),
-        "--ice-address",
-        "127.0.0.1",
+    trust = ssl.create_default_context(cafile=str(cert_file))
+    url, process = await spawn_server(
         "--engine",
         "warp",
         "--cert-file",
@@ -73,22 +61,14 @@ async def test_serve_over_https(tmp_path: Path) -> None:
         str(key_file),
         "--cache-dir",
         str(tmp_path / "cache"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
+        tls=trust,
     )
-    trust = ssl.create_default_context(cafile=str(cert_file))
-    url = f"https://127.0.0.1:{port}"
+    port = url.rsplit(":", 1)[1]
+    assert url.startswith("https://127.0.0.1:")
     try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 120)
-        assert f"serving on {url}" in line.decode()
         async with aiohttp.ClientSession() as http:
-            for _ in range(600):
-                async with http.get(url + "/readyz", ssl=trust) as r:
-                    if r.status == 200:
-                        break
-                await asyncio.sleep(0.1)
-            assert r.status == 200
+            async with http.get(url + "/readyz", ssl=trust) as r:
+                assert r.status == 200
             sdp = await make_offer()
             async with http.post(
                 url + "/offer", json={"sdp": sdp, "type": "offer"}, ssl=trust
