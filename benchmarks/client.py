@@ -130,10 +130,14 @@ class CallClient:
         *,
         video_codecs: Sequence[str] | None = None,
         before_answer: Callable[[str], Awaitable[None]] | None = None,
+        rewrite_offer: Callable[[str], str] | None = None,
+        rewrite_answer: Callable[[str], str] | None = None,
     ) -> str:
         """Offer and connect; ``video_codecs`` (mimeTypes) restricts what the offer accepts.
 
         ``before_answer`` sees the answer's SDP before it is applied (and ICE checks begin).
+        ``rewrite_offer`` and ``rewrite_answer`` may change the SDPs (e.g. their candidates):
+        the offer before it is sent, the answer before ``before_answer`` sees it.
         """
         self.pc.addTransceiver(self.microphone, direction="sendrecv")
         video = self.pc.addTransceiver("video", direction="recvonly")
@@ -142,12 +146,15 @@ class CallClient:
             video.setCodecPreferences([c for c in caps if c.mimeType in video_codecs])
         self._watch_arrivals()
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        body = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
+        sdp = self.pc.localDescription.sdp
+        body = {"sdp": rewrite_offer(sdp) if rewrite_offer else sdp, "type": "offer"}
         async with aiohttp.ClientSession() as http:
             async with http.post(self.url + "/offer", json=body) as resp:
                 answer = await resp.json()
                 if resp.status != 200:
                     raise RuntimeError(f"offer refused ({resp.status}): {answer}")
+        if rewrite_answer is not None:
+            answer["sdp"] = rewrite_answer(answer["sdp"])
         if before_answer is not None:
             await before_answer(answer["sdp"])
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
