@@ -22,6 +22,7 @@ from rtc_server.ice import IceServers, announce_address, restrict_host_addresses
 from rtc_server.media.fallback import ResilientEngine
 from rtc_server.media.h264 import TunedH264Encoder, use_tuned_encoder
 from rtc_server.media.inbound import low_latency_audio
+from rtc_server.memory import MemoryReleaser, limit_arenas
 from rtc_server.metrics import Metrics
 from rtc_server.providers.registry import Choice, load_providers
 from rtc_server.session import AvatarSession, ListenSettings, Providers
@@ -69,6 +70,8 @@ class SessionManager:
         self.draining = False
         """Set on SIGTERM: no new calls, running ones go on until the drain timeout."""
         self._pending = 0
+        self.memory = MemoryReleaser(executor, lambda: not self.sessions and not self._pending)
+        """Gives the heap of ended calls back to the OS (rtc_server/memory.py)."""
 
     @property
     def ready(self) -> bool:
@@ -176,6 +179,7 @@ class SessionManager:
     async def _forget(self, session: AvatarSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
             self.metrics.sessions.set(len(self.sessions))
+            self.memory.release_soon()
 
     def say(self, session_id: str, request: SayRequest) -> str:
         return self.sessions[session_id].say(request.text, interrupt=request.interrupt)
@@ -215,6 +219,7 @@ class SessionManager:
 
     async def close_all(self) -> None:
         await asyncio.gather(*(s.aclose() for s in list(self.sessions.values())))
+        self.memory.cancel()
 
 
 MANAGER = web.AppKey("manager", SessionManager)
@@ -228,6 +233,7 @@ def create_app(
 ) -> web.Application:
     """Build the application; models load in the background and /readyz says when they are in."""
     restrict_host_addresses(config.ice_addresses)
+    limit_arenas()
     access = AccessPolicy(
         frozenset(config.allowed_origins),
         TokenSigner(config.api_key) if config.api_key else None,

@@ -84,6 +84,9 @@ class ServerConfig:
     """Tries per cloud request when the error is retryable (429, 5xx, timeouts)."""
     provider_backoff_s: float = 0.25
     """First wait between tries; it doubles each time."""
+    provider_read_timeout_s: float = 15.0
+    """Longest silence of a cloud provider mid-answer (or before its first byte) before the
+    request fails: a reply whose LLM or TTS stalls gets an error and the spoken apology."""
     vad_hangover_ms: int = 500
     """Silence after speech that ends the caller's turn."""
     barge_in: bool = True

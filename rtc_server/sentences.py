@@ -15,6 +15,40 @@ _ABBREVIATIONS = frozenset(
 )
 
 
+MAX_PIECE_CHARS = 240
+"""Longest piece of text handed to TTS at once. Piper synthesizes a piece in one go and cannot
+be interrupted inside it; an unpunctuated 2,000-character text was 385 s of audio and over a
+minute of CPU. At this length a piece is at most ~15 s of speech and well under a second of
+synthesis, so barge-in and hang-up stay prompt."""
+
+_BREAKS = (re.compile(r"[.!?…][\"')\]]*\s"), re.compile(r"[,;:]\s"), re.compile(r"\s"))
+
+
+def _cut(text: str, max_chars: int) -> int:
+    """Where to end a piece of ``text`` no longer than ``max_chars``: after the last sentence
+    end that fits, else the last clause, else the last space (past a third of the way), else
+    at the limit."""
+    window = text[: max_chars + 1]
+    for pattern in _BREAKS:
+        ends = [m.end() for m in pattern.finditer(window) if max_chars // 3 < m.end() <= max_chars]
+        if ends:
+            return ends[-1]
+    return max_chars
+
+
+def bounded_pieces(text: str, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
+    """``text`` cut into pieces of at most ``max_chars`` (see :func:`_cut`)."""
+    pieces: list[str] = []
+    rest = text.strip()
+    while len(rest) > max_chars:
+        cut = _cut(rest, max_chars)
+        pieces.append(rest[:cut].strip())
+        rest = rest[cut:].lstrip()
+    if rest:
+        pieces.append(rest)
+    return pieces
+
+
 class SentenceSplitter:
     """Feed text deltas; get back every sentence they complete. ``flush`` gives the rest."""
 
@@ -51,9 +85,17 @@ class SentenceSplitter:
             start = match.end()
             self._first = False
         self._buffer = self._buffer[start:]
+        while len(self._buffer.strip()) > MAX_PIECE_CHARS:
+            # No sentence end for a long while: speak what fits rather than wait for one.
+            self._buffer = self._buffer.lstrip()
+            cut = _cut(self._buffer, MAX_PIECE_CHARS)
+            pieces.append(self._buffer[:cut].strip())
+            self._buffer = self._buffer[cut:]
+            self._first = False
         return pieces
 
-    def flush(self) -> str:
+    def flush(self) -> list[str]:
+        """What is left, in pieces of at most ``MAX_PIECE_CHARS`` (none when nothing is)."""
         rest, self._buffer = self._buffer.strip(), ""
         self._first = True
-        return rest
+        return bounded_pieces(rest)

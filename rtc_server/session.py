@@ -20,13 +20,13 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from musetalk_core.types import AvatarFrame, LipSyncEngine
 from rtc_server.media.clock import MonotonicClock
-from rtc_server.media.fallback import ResilientEngine
+from rtc_server.media.fallback import EngineBehind, ResilientEngine
 from rtc_server.media.inbound import MicDownsampler
 from rtc_server.media.scheduler import AVScheduler
 from rtc_server.media.tracks import AvatarAudioTrack, AvatarVideoTrack
 from rtc_server.metrics import Metrics
 from rtc_server.providers.base import LLM, STT, TTS, ProviderError
-from rtc_server.sentences import SentenceSplitter
+from rtc_server.sentences import SentenceSplitter, bounded_pieces
 from rtc_server.speech import SpeechOutput, Utterance
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT, Conversation, TurnTimer
 from rtc_server.vad import SAMPLE_RATE as VAD_RATE
@@ -49,6 +49,11 @@ APOLOGY = "Sorry, I ran into a problem answering that."
 EARLY_STT = "early-stt"
 PAUSE_TAIL = VAD_RATE // 5
 """Silence (200 ms) added after the audio of a pause before it is transcribed."""
+PEER_SILENCE_S = 15.0
+"""A connected caller from whom nothing (RTP, RTCP, data channel, DTLS) arrived for this long
+has vanished (killed, unplugged) and its call is closed. Every live client sends RTCP reports
+for the media it receives, about once a second, even with no microphone. aioice's own consent
+check alone takes 24-36 s (6 unanswered checks about 5 s apart)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,7 @@ class AvatarSession:
         connect_timeout_s: float = 30.0,
         max_call_s: float | None = None,
         idle_timeout_s: float | None = None,
+        peer_silence_s: float | None = PEER_SILENCE_S,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.pc = pc
@@ -103,13 +109,7 @@ class AvatarSession:
         self.speech = SpeechOutput(engine, executor)
         self.speech.on_speech_queued = self.scheduler.flush_idle
         if isinstance(engine, ResilientEngine):
-            engine.on_failure = lambda exc: self._error(
-                *(
-                    ("engine_fallback", "the lip-sync engine failed; the CPU renderer took over")
-                    if engine.replaced
-                    else ("engine_failed", "the avatar's animation stopped; the voice goes on")
-                )
-            )
+            engine.on_failure = lambda exc: self._engine_failed(engine, exc)
         self.conversation = Conversation(self.settings.system_prompt, self.settings.history_chars)
         self.channel: RTCDataChannel | None = None
         self.notices: list[tuple[str, str]] = []
@@ -123,6 +123,8 @@ class AvatarSession:
         self._connect_timeout_s = connect_timeout_s
         self._max_call_s = max_call_s
         self._idle_timeout_s = idle_timeout_s
+        self._peer_silence_s = peer_silence_s
+        self._peer_watched = False
         self._last_activity = time.monotonic()
         """When the caller spoke, typed or a say came in, or the avatar's state last changed."""
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -131,6 +133,7 @@ class AvatarSession:
         self._turn: asyncio.Task[None] | None = None
         self._early_transcript: asyncio.Task[str] | None = None
         self._closed = False
+        self._close_done = asyncio.Event()
         self._log = logging.LoggerAdapter(logger, {"session": self.id[:8]})
 
         pc.on("datachannel", self._on_datachannel)
@@ -200,27 +203,56 @@ class AvatarSession:
         self._log.info("connection %s", state)
         if state in ("failed", "closed"):
             await self.aclose()
+        elif state == "connected" and self._peer_silence_s and not self._peer_watched:
+            self._peer_watched = True
+            self._spawn(self._peer_watchdog(self._peer_silence_s), "peer-watchdog")
+
+    async def _peer_watchdog(self, silence_s: float) -> None:
+        """Close the call once nothing has come from the caller for ``silence_s``.
+
+        Silence is counted in polls that saw no new packet, not in wall time: an event loop
+        held up for a while (the datagrams wait in the socket meanwhile) costs one poll, so a
+        busy server does not mistake itself for a silent caller.
+        """
+        interval = min(1.0, silence_s / 4)
+        polls = max(1, round(silence_s / interval))
+        last, quiet = -1, 0
+        while quiet < polls:
+            await asyncio.sleep(interval)
+            report = await self.pc.getStats()
+            # One DTLS transport (BUNDLE): every datagram after ICE, whatever it carries.
+            count = sum(s.packetsReceived for s in report.values() if s.type == "transport")
+            quiet = quiet + 1 if count == last else 0
+            last = count
+        self._log.warning("nothing from the caller for %.0f s: it is gone", silence_s)
+        await self.end("peer_gone", f"nothing came from the caller for {silence_s:.0f} s")
 
     async def aclose(self) -> None:
         if self._closed:
+            # Already closing (the connection failed as a DELETE came in, say): return once
+            # that is done, so that "closed" means gone for every caller.
+            await self._close_done.wait()
             return
         self._closed = True
-        current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self.scheduler.aclose()
-        await self.engine.aclose()
-        self.audio_track.stop()
-        self.video_track.stop()
-        await self.pc.close()
-        self._vad_executor.shutdown(wait=False, cancel_futures=True)
-        self._log.info("closed")
-        if self._on_closed is not None:
-            await self._on_closed(self)
+        try:
+            current = asyncio.current_task()
+            tasks = [t for t in self._tasks if t is not current]
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self.scheduler.aclose()
+            await self.engine.aclose()
+            self.audio_track.stop()
+            self.video_track.stop()
+            await self.pc.close()
+            self._vad_executor.shutdown(wait=False, cancel_futures=True)
+            self._log.info("closed")
+            if self._on_closed is not None:
+                await self._on_closed(self)
+        finally:
+            self._close_done.set()
 
     @property
     def closed(self) -> bool:
@@ -243,6 +275,15 @@ class AvatarSession:
             self._error(code, message)
 
     def _on_message(self, message: str | bytes) -> None:
+        # Called inside aiortc's DTLS receive loop: an exception escaping from here ends that
+        # loop, and with it every later message and packet of the call, without a word.
+        try:
+            self._handle_message(message)
+        except Exception:
+            self._log.exception("data-channel message failed")
+            self._error("internal", "the message could not be handled")
+
+    def _handle_message(self, message: str | bytes) -> None:
         try:
             event = parse_client_event(message, max_chars=self.settings.max_text_chars)
         except SignalingError as exc:
@@ -268,6 +309,14 @@ class AvatarSession:
 
     def _error(self, code: str, message: str) -> None:
         self.send_event({"type": "error", "code": code, "message": message})
+
+    def _engine_failed(self, engine: ResilientEngine, exc: BaseException) -> None:
+        if isinstance(exc, EngineBehind):
+            self._error("engine_behind", "the avatar's animation fell behind; the voice goes on")
+        elif engine.replaced:
+            self._error("engine_fallback", "the lip-sync engine failed; the CPU renderer took over")
+        else:
+            self._error("engine_failed", "the avatar's animation stopped; the voice goes on")
 
     # -- listening -------------------------------------------------------------------------
 
@@ -370,6 +419,12 @@ class AvatarSession:
             self._log.warning("reply failed: %s", exc)
             self._error(exc.code, exc.message)
             await self._apologize()
+        except Exception:
+            # Not the provider's failure but ours: without the apology's speech the call
+            # would stay "thinking" (and never idle out).
+            self._log.exception("reply failed")
+            self._error("internal", "the reply failed")
+            await self._apologize()
         finally:
             self.conversation.add("assistant", utterance.played_text())
             self.speech.forget(utterance)
@@ -388,8 +443,7 @@ class AvatarSession:
                 self.send_event({"type": "response", "text": sentence})
                 timer.mark("tts_start")
                 yield sentence
-        rest = splitter.flush()
-        if rest:
+        for rest in splitter.flush():
             self.send_event({"type": "response", "text": rest})
             timer.mark("tts_start")
             yield rest
@@ -425,10 +479,13 @@ class AvatarSession:
     async def _say(self, text: str) -> None:
         utterance = Utterance()
         try:
-            await self.speech.speak(self.providers.tts, _one(text), utterance)
+            await self.speech.speak(self.providers.tts, _pieces(text), utterance)
             await self.speech.wait_played(utterance)
         except ProviderError as exc:
             self._error(exc.code, f"speech synthesis failed: {exc.message}")
+        except Exception:
+            self._log.exception("say failed")
+            self._error("internal", "speech synthesis failed")
         finally:
             self.speech.forget(utterance)
 
@@ -460,6 +517,12 @@ class AvatarSession:
             self.state = state
             self._touch()
             self.send_event({"type": "state", "state": state})
+
+
+async def _pieces(text: str) -> AsyncGenerator[str, None]:
+    """A say's text in pieces short enough that barge-in and hang-up can cut in between."""
+    for piece in bounded_pieces(text):
+        yield piece
 
 
 async def _one(text: str) -> AsyncGenerator[str, None]:

@@ -62,11 +62,13 @@ class Grant:
 
 class TokenSigner:
     def __init__(self, api_key: str) -> None:
-        self._api_key = api_key.encode()
+        self._api_key = api_key.encode("utf-8", "surrogatepass")
         self._key = hashlib.sha256(b"avatar-rtc token v1\0" + self._api_key).digest()
 
     def is_api_key(self, candidate: str) -> bool:
-        return hmac.compare_digest(candidate.encode(), self._api_key)
+        # Header values hold any byte: aiohttp decodes the non-UTF-8 ones to lone surrogates,
+        # which plain .encode() refuses.
+        return hmac.compare_digest(candidate.encode("utf-8", "surrogatepass"), self._api_key)
 
     def mint(self, *, ttl_s: int, avatar: str | None = None, now: float | None = None) -> str:
         payload = {"exp": int((now or time.time()) + ttl_s), "jti": secrets.token_hex(8)}
@@ -80,6 +82,8 @@ class TokenSigner:
 
     def verify(self, token: str, *, now: float | None = None) -> Grant:
         """The grant of a valid token; SignalingError 401 for anything else."""
+        if not token.isascii():  # compare_digest refuses non-ASCII str (TypeError)
+            raise SignalingError(401, "bad_token", "the token is not valid")
         body, sep, signature = token.partition(".")
         if not sep or not hmac.compare_digest(signature, self._sign(body)):
             raise SignalingError(401, "bad_token", "the token is not valid")

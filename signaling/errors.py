@@ -73,17 +73,43 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(500, "internal", "internal server error")
 
 
+def loads_json(raw: str | bytes, code: str, what: str) -> object:
+    """``json.loads``, failing only with a 400 SignalingError ``code``.
+
+    Beyond JSONDecodeError and UnicodeDecodeError, json raises a plain ValueError for integers
+    over 4300 digits and RecursionError for arrays or objects nested a few thousand deep: both
+    fit in a 64 KiB body or a data-channel message.
+    """
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise SignalingError(400, code, f"{what} is not valid JSON: nested too deep") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SignalingError(400, code, f"{what} is not valid JSON: {exc}") from exc
+    except ValueError:
+        raise SignalingError(400, code, f"{what} has a number too long to read") from None
+
+
 async def read_json_object(request: web.Request) -> dict[str, object]:
     """The request body as a JSON object, or a 400/413 SignalingError."""
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise SignalingError(413, "body_too_large", f"body is over {MAX_BODY_BYTES} bytes")
-    raw = await request.read()
+    if request.headers.get("Content-Encoding", "").strip().lower() not in ("", "identity"):
+        # Clients send their JSON as is. aiohttp would inflate a compressed body, and one that
+        # claims deflate but does not end as a deflate stream never ends: the read would wait
+        # until the client gives up.
+        raise SignalingError(
+            415, "unsupported_encoding", "request bodies must not be compressed (Content-Encoding)"
+        )
+    try:
+        raw = await request.read()
+    except web.RequestPayloadError as exc:  # a chunked body that breaks off, and the like
+        raise SignalingError(400, "bad_body", f"the body could not be read: {exc}") from exc
+    except ConnectionResetError as exc:  # the client hung up halfway: nothing went wrong here
+        raise SignalingError(400, "bad_body", "the connection closed during the body") from exc
     if len(raw) > MAX_BODY_BYTES:
         raise SignalingError(413, "body_too_large", f"body is over {MAX_BODY_BYTES} bytes")
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SignalingError(400, "bad_json", f"body is not valid JSON: {exc}") from exc
+    body = loads_json(raw, "bad_json", "body")
     if not isinstance(body, dict):
         raise SignalingError(400, "bad_json", "body must be a JSON object")
     return body

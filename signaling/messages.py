@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from aiortc.sdp import SessionDescription
 
-from signaling.errors import SignalingError
+from signaling.errors import SignalingError, loads_json
 
 MAX_TEXT_CHARS = 2000
 """Longest text accepted for a say or a typed turn, unless the server sets its own
@@ -67,6 +66,16 @@ def parse_text(
         raise SignalingError(400, "bad_text", f"'{field}' must be a non-empty string")
     if len(text) > max_chars:
         raise SignalingError(413, "text_too_long", f"'{field}' is over {max_chars} characters")
+    if "\x00" in text:  # Piper (espeak) refuses it
+        raise SignalingError(400, "bad_text", f"'{field}' must not contain NUL characters")
+    if not text.isascii():
+        try:
+            # JSON may spell lone surrogates ("\ud800"): no voice can encode them.
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SignalingError(
+                400, "bad_text", f"'{field}' is not valid Unicode text: {exc.reason}"
+            ) from None
     return text
 
 
@@ -96,10 +105,7 @@ def parse_client_event(message: str | bytes, *, max_chars: int = MAX_TEXT_CHARS)
     """Validate one data-channel message; SignalingError's code becomes the error event's code."""
     if isinstance(message, bytes):
         raise SignalingError(400, "bad_message", "messages must be JSON text, not binary")
-    try:
-        body = json.loads(message)
-    except json.JSONDecodeError as exc:
-        raise SignalingError(400, "bad_message", f"message is not valid JSON: {exc}") from exc
+    body = loads_json(message, "bad_message", "message")
     if not isinstance(body, dict):
         raise SignalingError(400, "bad_message", "message must be a JSON object")
     kind = body.get("type")

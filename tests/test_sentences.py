@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from rtc_server.sentences import SentenceSplitter
+from rtc_server.sentences import MAX_PIECE_CHARS, SentenceSplitter, bounded_pieces
 
 
 def _split(deltas: list[str]) -> list[str]:
@@ -10,8 +10,7 @@ def _split(deltas: list[str]) -> list[str]:
     out = []
     for delta in deltas:
         out += splitter.feed(delta)
-    rest = splitter.flush()
-    return out + ([rest] if rest else [])
+    return out + splitter.flush()
 
 
 def test_sentences_come_out_as_soon_as_they_end() -> None:
@@ -19,7 +18,7 @@ def test_sentences_come_out_as_soon_as_they_end() -> None:
     assert splitter.feed("Hello there, how") == []
     assert splitter.feed(" are you today? I am") == ["Hello there, how are you today?"]
     assert splitter.feed(" fine, thanks. ") == ["I am fine, thanks."]
-    assert splitter.flush() == ""
+    assert splitter.flush() == []
 
 
 @pytest.mark.parametrize(
@@ -58,3 +57,26 @@ def test_the_first_piece_may_end_at_a_clause() -> None:
     # Too short a clause waits for the sentence.
     splitter = SentenceSplitter(first_clause_chars=8)
     assert splitter.feed("Yes, it is the one you want. ") == ["Yes, it is the one you want."]
+
+
+def test_long_unpunctuated_text_is_cut_into_bounded_pieces() -> None:
+    """TTS cannot be interrupted inside a piece: no piece may be long (a fuzzed say of 2,000
+    characters without a full stop took Piper over a minute of CPU in one go)."""
+    words = " ".join(f"word{i}" for i in range(400))  # 3,000 characters, no punctuation
+    pieces = bounded_pieces(words)
+    assert all(len(p) <= MAX_PIECE_CHARS for p in pieces)
+    assert " ".join(pieces) == words  # cut at spaces, nothing lost or split mid-word
+    # A sentence end inside the limit wins over a later space; then a clause.
+    text = "a" * 100 + ". " + "b " * 100 + ", " + "c" * 300
+    first, second, *rest = bounded_pieces(text)
+    assert first == "a" * 100 + "." and second.endswith(",")
+    assert "".join(p.replace(" ", "") for p in [first, second, *rest]) == text.replace(" ", "")
+    # No space at all: hard cuts at the limit.
+    assert [len(p) for p in bounded_pieces("x" * 500)] == [240, 240, 20]
+    # The streaming splitter does the same when an LLM writes on and on without a full stop.
+    splitter = SentenceSplitter(first_clause_chars=None)
+    out: list[str] = []
+    for word in words.split(" "):
+        out += splitter.feed(word + " ")
+    assert out and all(len(p) <= MAX_PIECE_CHARS for p in out)
+    assert " ".join(out + splitter.flush()) == words

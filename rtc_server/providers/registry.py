@@ -84,7 +84,9 @@ def load_providers(
     base = config.openai_base_url or OPENAI_BASE_URL
     local_tts = PiperTTS.load(executor)
     policy = HTTPPolicy(
-        max_attempts=config.provider_attempts, backoff_initial_s=config.provider_backoff_s
+        max_attempts=config.provider_attempts,
+        backoff_initial_s=config.provider_backoff_s,
+        read_timeout_s=config.provider_read_timeout_s,
     )
 
     stt: STT | None
