@@ -84,7 +84,7 @@ class SessionManager:
         chosen = await loop.run_in_executor(
             self.executor, load_providers, self.config, http, self.executor
         )
-        vad = await loop.run_in_executor(self.executor, SileroModel)
+        vad = await loop.run_in_executor(self.executor, SileroModel.shared)
         self.engine_factory = await loop.run_in_executor(self.executor, engine_loader)
         self.choices = chosen.choices
         self.providers = Providers(

@@ -6,6 +6,7 @@ The model file comes from the ``silero-vad`` package, located without importing 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections import deque
 from dataclasses import dataclass
@@ -33,7 +34,16 @@ def silero_model_path() -> Path:
 
 
 class SileroModel:
-    """One Silero VAD model session; share it between calls, give each call a ``SileroState``."""
+    """One Silero VAD model session; share it between calls, give each call a ``SileroState``.
+
+    :meth:`shared` gives the process's one instance (a model per app would leave its native
+    memory behind each time an app is made).
+    """
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1)
+    def shared() -> SileroModel:
+        return SileroModel()
 
     def __init__(self, path: Path | None = None) -> None:
         import onnxruntime

@@ -133,11 +133,13 @@ async def soak(
     counts = [k for k in before if k != "rss_mb"]
     grown = {k: (before[k], after[k]) for k in counts if after[k] > before[k]}
     assert not grown, f"grew (before, after): {grown}"
-    assert after["sessions"] == after["peer connections"] == after["engines"] == 0
+    # (Peer connections and engines against the baseline, as in test_leaks: an earlier test
+    # module's may still be on their way out; not one of ours is left.)
+    assert after["sessions"] == 0
     # Calls in a row are judged against the state after calls in a row, rounds of 8 at once
-    # against warm-up rounds: 8 at once settle 20-30 MB higher (more of the heap in use at
-    # once, more fragmented), and where varies by +-15 MB from round to round, with no trend
-    # over 16 rounds. So rounds are compared by their medians.
+    # against warm-up rounds of 8 at once, by their medians: where RSS settles after a round
+    # varies by about 10 MB from round to round (how fragmented the heap happens to be),
+    # with no trend over 16 rounds.
     growth_at_once = statistics.median(r["rss_mb"] for r in rounds) - statistics.median(
         warm_at_once
     )

@@ -6,7 +6,7 @@ call ends only when ICE consent expires: 6 unanswered checks about 5 s apart, me
 29.5 and 32.8 s here, over the 30 s budget half of the time. The session's peer watchdog
 (nothing received for ``PEER_SILENCE_S``) ends it sooner, for a caller with a microphone
 and for a text-only one, whose only traffic is RTCP reports and the data channel; a live
-text-only caller in the same room must outlast it.
+text-only caller on the same server must outlast it.
 """
 
 from __future__ import annotations

