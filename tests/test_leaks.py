@@ -81,6 +81,8 @@ async def test_twenty_calls_leave_nothing_behind(live_server: LiveServer) -> Non
     assert not live_server.manager.sessions
     grown = {k: (before[k], after[k]) for k in before if after[k] > before[k]}
     assert not grown, f"grew after 20 calls (before, after): {grown}"
-    assert after["sessions"] == after["engines"] == 0
+    # Compared with the baseline like the rest: an earlier module's objects may still be
+    # waiting for the collector; none of these 20 calls' may be left.
+    assert after["sessions"] <= before["sessions"] and after["engines"] <= before["engines"]
     pooled = [t.name for t in threading.enumerate() if _pooled(t)]
     assert len(pooled) <= min(32, (os.cpu_count() or 1) + 4) + 2, pooled
