@@ -8,11 +8,11 @@ A/V offset there. Speech pushed in (a say) plays over a plain frame, so the call
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import AsyncGenerator
 
 import numpy as np
 
+from musetalk_core.segments import SegmentQueue
 from musetalk_core.types import AudioChunk, AvatarFrame
 
 BEEP_HZ = 1000.0
@@ -49,8 +49,7 @@ class SyncTestEngine:
         self._flash = np.full((h, w, 3), 235, np.uint8)
         t = np.arange(round(BEEP_S * sample_rate)) / sample_rate
         self._beep = (np.sin(2 * np.pi * BEEP_HZ * t) * 12000).astype(np.int16)
-        self._speech: collections.deque[tuple[int, np.ndarray]] = collections.deque()
-        self._ended: set[int] = set()
+        self._speech = SegmentQueue(self._n)
         self._closed = False
 
     @property
@@ -72,12 +71,10 @@ class SyncTestEngine:
     async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
         if chunk.sample_rate != self._rate:
             raise ValueError(f"audio at {chunk.sample_rate} Hz; this engine takes {self._rate} Hz")
-        pcm = chunk.pcm.astype(np.int16)
-        for i in range(0, len(pcm), self._n):
-            self._speech.append((segment_id, pcm[i : i + self._n]))
+        self._speech.push(chunk.pcm, segment_id)
 
     async def end_segment(self, segment_id: int) -> None:
-        self._ended.add(segment_id)
+        self._speech.end(segment_id)
 
     def clear(self) -> None:
         self._speech.clear()
@@ -100,11 +97,10 @@ class SyncTestEngine:
         k = 0
         while not self._closed:
             await asyncio.sleep(0)
-            if self._speech:
-                segment_id, pcm = self._speech.popleft()
-                if len(pcm) < self._n:
-                    pcm = np.pad(pcm, (0, self._n - len(pcm)))
-                yield AvatarFrame(self._dark, AudioChunk(pcm, self._rate), True, segment_id)
+            piece = self._speech.next_piece()
+            if piece is not None:
+                audio = AudioChunk(piece.pcm, self._rate)
+                yield AvatarFrame(self._dark, audio, True, piece.segment_id)
             else:
                 image = self._flash if k % self._period == 0 else self._dark
                 audio = AudioChunk(self._pattern_audio(k), self._rate)

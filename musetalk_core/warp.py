@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import collections
 import concurrent.futures
 import math
 import time
@@ -29,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .avatar import WarpAvatar
+from .segments import SegmentQueue
 from .types import AudioChunk, AvatarFrame
 
 __all__ = ["WarpEngine", "WarpRenderer", "mouth_shape"]
@@ -402,39 +402,6 @@ def _smoothstep_f(v: F32) -> F32:
     return out
 
 
-class _Segment:
-    """Queued audio of one utterance, consumed a frame at a time."""
-
-    __slots__ = ("segment_id", "chunks", "offset", "available", "ended")
-
-    def __init__(self, segment_id: int) -> None:
-        self.segment_id = segment_id
-        self.chunks: collections.deque[npt.NDArray[np.int16]] = collections.deque()
-        self.offset = 0
-        self.available = 0
-        self.ended = False
-
-    def append(self, pcm: npt.NDArray[np.int16]) -> None:
-        self.chunks.append(pcm)
-        self.available += len(pcm)
-
-    def take(self, n: int) -> npt.NDArray[np.int16]:
-        """Up to ``n`` samples, zero-padded to exactly ``n``."""
-        out = np.zeros(n, np.int16)
-        filled = 0
-        while filled < n and self.chunks:
-            head = self.chunks[0]
-            k = min(n - filled, len(head) - self.offset)
-            out[filled : filled + k] = head[self.offset : self.offset + k]
-            filled += k
-            self.offset += k
-            if self.offset == len(head):
-                self.chunks.popleft()
-                self.offset = 0
-        self.available -= filled
-        return out
-
-
 class WarpEngine:
     """CPU :class:`~musetalk_core.types.LipSyncEngine` for a prepared :class:`WarpAvatar`.
 
@@ -466,7 +433,7 @@ class WarpEngine:
         )
         # An engine dropped without aclose() must not leave its idle worker thread behind.
         weakref.finalize(self, self._executor.shutdown, wait=False)
-        self._queue: collections.deque[_Segment] = collections.deque()
+        self._queue = SegmentQueue(self._samples_per_frame)
         self._generation = 0
         self._index = 0
         self._render_s = 0.005  # first guess until frames are timed: a few ms on one core
@@ -492,7 +459,7 @@ class WarpEngine:
     @property
     def queued_seconds(self) -> float:
         """Speech audio waiting to be framed."""
-        return sum(s.available for s in self._queue) / self._sample_rate
+        return self._queue.queued_samples / self._sample_rate
 
     async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
         """Queue mono int16 speech at exactly :attr:`sample_rate` for utterance ``segment_id``."""
@@ -507,22 +474,11 @@ class WarpEngine:
             raise ValueError(f"audio must be mono int16, got {pcm.dtype} shape {pcm.shape}")
         if segment_id < 0:
             raise ValueError("segment_id must be >= 0; -1 marks idle frames")
-        tail = self._queue[-1] if self._queue else None
-        if tail is None or tail.segment_id != segment_id or tail.ended:
-            if tail is not None:
-                tail.ended = True
-            tail = _Segment(segment_id)
-            self._queue.append(tail)
-        if len(pcm):
-            # A copy: the caller may reuse its buffer once push_audio returns.
-            tail.append(pcm.copy())
+        self._queue.push(pcm, segment_id)
 
     async def end_segment(self, segment_id: int) -> None:
         """No more audio for ``segment_id``: its last partial frame is padded with silence."""
-        for segment in reversed(self._queue):
-            if segment.segment_id == segment_id:
-                segment.ended = True
-                return
+        self._queue.end(segment_id)
 
     def clear(self) -> None:
         """Drop all queued audio; the next frame yielded is idle."""
@@ -530,20 +486,13 @@ class WarpEngine:
         self._generation += 1
 
     def _next_audio(self) -> tuple[int, npt.NDArray[np.int16]] | None:
-        """The next speaking frame's (segment_id, samples), or None for an idle frame."""
-        n = self._samples_per_frame
-        while self._queue:
-            head = self._queue[0]
-            if head.available >= n:
-                return head.segment_id, head.take(n)
-            if not head.ended:
-                # Never wait for audio that may not come: a partial frame waits, the video
-                # goes on with an idle frame.
-                return None
-            self._queue.popleft()
-            if head.available > 0:
-                return head.segment_id, head.take(n)
-        return None
+        """The next speaking frame's (segment_id, samples), or None for an idle frame.
+
+        Never waits for audio that may not come: a partial frame waits, the video goes on with
+        an idle frame.
+        """
+        piece = self._queue.next_piece()
+        return None if piece is None else (piece.segment_id, piece.pcm)
 
     def _render(self, pcm: npt.NDArray[np.int16] | None, t: float) -> tuple[U8, float]:
         start = time.perf_counter()

@@ -18,11 +18,11 @@ import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from musetalk_core.types import AvatarFrame, LipSyncEngine
+from musetalk_core.types import LipSyncEngine
 from rtc_server.media.clock import MonotonicClock
-from rtc_server.media.fallback import EngineBehind, ResilientEngine
+from rtc_server.media.fallback import ResilientEngine
 from rtc_server.media.inbound import MicDownsampler
-from rtc_server.media.scheduler import AVScheduler
+from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.media.tracks import AvatarAudioTrack, AvatarVideoTrack
 from rtc_server.metrics import Metrics
 from rtc_server.providers.base import LLM, STT, TTS, ProviderError
@@ -103,11 +103,16 @@ class AvatarSession:
         self.settings = settings or ListenSettings()
         self.metrics = metrics
         self.clock = MonotonicClock()
-        self.scheduler = AVScheduler(engine, on_unit=self._on_unit, on_video=self._on_video)
+        self.scheduler = AVScheduler(
+            engine,
+            self.clock,
+            on_unit=self._on_unit,
+            on_video=self._on_video,
+            on_behind=self._engine_behind,
+        )
         self.audio_track = AvatarAudioTrack(self.clock, self.scheduler)
         self.video_track = AvatarVideoTrack(self.clock, self.scheduler)
-        self.speech = SpeechOutput(engine, executor)
-        self.speech.on_speech_queued = self.scheduler.flush_idle
+        self.speech = SpeechOutput(self.scheduler, executor)
         if isinstance(engine, ResilientEngine):
             engine.on_failure = lambda exc: self._engine_failed(engine, exc)
         self.conversation = Conversation(self.settings.system_prompt, self.settings.history_chars)
@@ -310,10 +315,14 @@ class AvatarSession:
     def _error(self, code: str, message: str) -> None:
         self.send_event({"type": "error", "code": code, "message": message})
 
+    def _engine_behind(self) -> None:
+        if isinstance(self.engine, ResilientEngine) and self.engine.failed is not None:
+            return  # its still image is being realigned to the clock; the failure was told
+        self._log.warning("lip-sync engine fell behind real time; its picture skips ahead")
+        self._error("engine_behind", "the avatar's animation fell behind; the voice goes on")
+
     def _engine_failed(self, engine: ResilientEngine, exc: BaseException) -> None:
-        if isinstance(exc, EngineBehind):
-            self._error("engine_behind", "the avatar's animation fell behind; the voice goes on")
-        elif engine.replaced:
+        if engine.replaced:
             self._error("engine_fallback", "the lip-sync engine failed; the CPU renderer took over")
         else:
             self._error("engine_failed", "the avatar's animation stopped; the voice goes on")
@@ -497,17 +506,18 @@ class AvatarSession:
         self.scheduler.clear()
         self._set_state("listening")
 
-    def _on_unit(self, index: int, unit: AvatarFrame, filler: bool) -> None:
-        """Called as each pair is presented: drives the state events and the counters."""
-        if filler:
-            self.metrics.video_frames_late.labels("filler").inc()
+    def _on_unit(self, index: int, unit: Unit) -> None:
+        """Called as each unit is presented: drives the state events."""
         if unit.speaking and self.speech.is_live(unit.segment_id):
             self.speech.on_unit(unit)
             self._set_state("speaking")
         elif self.state == "speaking" and not self._speaking:
             self._set_state("listening")
 
-    def _on_video(self, dropped: int) -> None:
+    def _on_video(self, dropped: int, held: bool) -> None:
+        if held:
+            self.metrics.video_frames_late.labels("held").inc()
+            return
         self.metrics.video_frames.inc()
         if dropped:
             self.metrics.video_frames_late.labels("dropped").inc(dropped)

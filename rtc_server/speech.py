@@ -1,4 +1,4 @@
-"""Speech output: text into the lip-sync engine, one sentence a segment, and what got played.
+"""Speech output: text into the call's output, one sentence a segment, and what got played.
 
 Every sentence becomes its own engine segment, so the session knows, frame by frame, how much of
 each sentence reached the caller. After a barge-in the conversation keeps only that part.
@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
+from musetalk_core.types import AudioChunk
 from rtc_server.media.resample import resample_int16
+from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.providers.base import TTS
 
 
@@ -73,20 +74,18 @@ class Utterance:
 
 
 class SpeechOutput:
-    """Serializes speech into one engine: utterances play one after another, never interleaved."""
+    """Serializes speech into the call's output: utterances play one after another."""
 
-    def __init__(self, engine: LipSyncEngine, executor: Executor | None = None) -> None:
-        self.engine = engine
+    def __init__(self, output: AVScheduler, executor: Executor | None = None) -> None:
+        self.output = output
         self._executor = executor
         self._next_segment = 0
         self._segments: dict[int, Segment] = {}
         self._lock = asyncio.Lock()
-        self._frame_samples = engine.sample_rate // engine.fps
+        self._frame_samples = output.samples_per_unit
         self._progress = asyncio.Event()
-        self.on_speech_queued: Callable[[], None] | None = None
-        """Called after each push of speech audio (the scheduler drops idle frames ahead)."""
 
-    def on_unit(self, unit: AvatarFrame) -> None:
+    def on_unit(self, unit: Unit) -> None:
         """Count a presented speaking frame against its segment."""
         seg = self._segments.get(unit.segment_id) if unit.speaking else None
         if seg is not None:
@@ -108,7 +107,7 @@ class SpeechOutput:
     ) -> None:
         """Synthesize each sentence as it arrives and push it into the engine, in order."""
         loop = asyncio.get_running_loop()
-        rate = self.engine.sample_rate
+        rate = self.output.sample_rate
         async with self._lock, contextlib.aclosing(sentences):
             # aclosing: a barge-in cancels us mid-stream, and the LLM's HTTP response behind
             # ``sentences`` must be released now, not whenever the generator is collected.
@@ -134,13 +133,11 @@ class SpeechOutput:
                         pcm = await loop.run_in_executor(
                             self._executor, resample_int16, chunk.pcm, chunk.sample_rate, rate
                         )
-                        await self.engine.push_audio(AudioChunk(pcm, rate), seg.segment_id)
-                        if self.on_speech_queued is not None:
-                            self.on_speech_queued()
+                        await self.output.push_audio(AudioChunk(pcm, rate), seg.segment_id)
                         seg.samples += len(pcm)
                         if utterance.first_push_at is None:
                             utterance.first_push_at = time.monotonic()
-                await self.engine.end_segment(seg.segment_id)
+                await self.output.end_segment(seg.segment_id)
                 seg.complete = True
                 self._progress.set()
 

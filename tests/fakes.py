@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from musetalk_core.segments import SegmentQueue
 from musetalk_core.types import AudioChunk, AvatarFrame
 
 
@@ -17,10 +18,11 @@ class CountingEngine:
         self._fps = fps
         self._rate = sample_rate
         self._size = size
-        self._queue: list[tuple[np.ndarray, int]] = []
+        self._queue = SegmentQueue(sample_rate // fps)
         self._count = 0
         self.closed = False
         self.fail_after: int | None = None
+        self.pushed_segments: list[int] = []
 
     @property
     def fps(self) -> int:
@@ -39,14 +41,11 @@ class CountingEngine:
         return 1 / self._fps
 
     async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
-        n = self._rate // self._fps
-        pcm = chunk.pcm
-        for i in range(0, len(pcm), n):
-            piece = pcm[i : i + n]
-            self._queue.append((np.pad(piece, (0, n - len(piece))), segment_id))
+        self._queue.push(chunk.pcm, segment_id)
+        self.pushed_segments.append(segment_id)
 
     async def end_segment(self, segment_id: int) -> None:
-        pass
+        self._queue.end(segment_id)
 
     def clear(self) -> None:
         self._queue.clear()
@@ -59,9 +58,9 @@ class CountingEngine:
                 raise RuntimeError("engine blew up")
             image = np.full((self._size, self._size, 3), self._count % 256, np.uint8)
             self._count += 1
-            if self._queue:
-                pcm, segment = self._queue.pop(0)
-                yield AvatarFrame(image, AudioChunk(pcm, self._rate), True, segment)
+            piece = self._queue.next_piece()
+            if piece is not None:
+                yield AvatarFrame(image, AudioChunk(piece.pcm, self._rate), True, piece.segment_id)
             else:
                 yield AvatarFrame(image, AudioChunk(np.zeros(n, np.int16), self._rate), False, -1)
 

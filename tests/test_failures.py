@@ -29,7 +29,6 @@ import pytest
 from benchmarks.analysis import loud_frames, voiced_span
 from benchmarks.client import CallClient
 from rtc_server.engines import EngineFactory
-from rtc_server.media import fallback
 from rtc_server.media.fallback import STALL_S
 from tests.conftest import LiveServer, start_server
 from tests.reliability import record
@@ -352,9 +351,7 @@ SAYS = (
 )
 
 
-async def test_engine_failing_mid_utterance(
-    engine_factory: EngineFactory, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_engine_failing_mid_utterance(engine_factory: EngineFactory, cache_dir: Path) -> None:
     from benchmarks.clip import speech_pcm
 
     order = iter(ENGINE_FAULTS)
@@ -374,9 +371,6 @@ async def test_engine_failing_mid_utterance(
     outcomes: dict[str, dict[str, Any]] = {}
     try:
         for how, (_, code) in ENGINE_FAULTS.items():
-            # An engine that fell behind gets speech again after BEHIND_RETRY_S (30 s): for the
-            # passing burst, 1 s, so that the next say comes after it.
-            monkeypatch.setattr(fallback, "BEHIND_RETRY_S", 1.0 if how == "burst" else 30.0)
             client = await _call(server)
             engine = engines[-1]
             try:
@@ -401,16 +395,18 @@ async def test_engine_failing_mid_utterance(
             finally:
                 await client.close()
             # Every word heard, and not torn apart by silence: each say lasts as long as its
-            # words (a stall first waits its STALL_S for the engine).
-            allowance = STALL_S if how == "stalls" else 0.0
-            assert spans[0] <= expected[0] * 1.15 + allowance, (how, spans, expected)
+            # words, whatever the engine did (the speech is on the clock, not on the engine).
+            assert spans[0] <= expected[0] * 1.15, (how, spans, expected)
             assert spans[1] <= expected[1] * 1.15, (how, spans, expected)
             assert spans[0] >= expected[0] * 0.85 and spans[1] >= expected[1] * 0.85
-            # The engine animated the second say only where the burst had passed.
+            # A slow engine keeps animating, moved ahead to the clock where it fell behind; after
+            # a passing burst it renders every frame of the next say again.
             animated = sorted(engine.speaking_frames.items())[1:]
             animated_frames = sum(n for _, n in animated)
             if how == "burst":
-                assert animated_frames >= expected[1] * 25 * 0.8, engine.speaking_frames
+                assert animated_frames >= expected[1] * 25 * 0.9, engine.speaking_frames
+            elif how == "slow":
+                assert 0 < animated_frames < expected[1] * 25, engine.speaking_frames
             else:
                 assert animated_frames == 0, (how, engine.speaking_frames)
             outcomes[how] = {
@@ -427,11 +423,12 @@ async def test_engine_failing_mid_utterance(
         engines.clear()
     notes = {
         "raises": "the words went on over a still image",
-        "slow": "the engine was left out: its speech went on from the copy, over a still "
-        "image, not torn by silence",
-        "burst": "left out for the rest of the utterance; the next say, after the burst, was "
-        "animated by the engine again",
-        "stalls": f"after a {STALL_S:.0f} s stall the words went on over a still image",
+        "slow": "the speech played on the clock, not torn by silence; the picture was held "
+        "and the engine moved ahead to the clock whenever it fell behind",
+        "burst": "the picture was held through the burst; the next say, after it, was "
+        "animated frame for frame again",
+        "stalls": f"the words went on over the held image; after {STALL_S:.0f} s without a "
+        "frame the engine counted as failed",
     }
     for how, figures in outcomes.items():
         record(

@@ -387,6 +387,7 @@ async def test_out_of_memory_mid_utterance_hands_the_call_to_warp(
         MuseTalkEngine(rt, frame_wait=30.0, start_wait=30.0),
         on_failure=failures.append,
         fallback=lambda: WarpEngine(warp_avatar, fps=25, sample_rate=RATE),
+        stall_s=60.0,  # a batch on a busy CPU takes seconds: the failure must be the OOM
     )
     pcm = tone(1.0, 200)
     await engine.push_audio(AudioChunk(pcm, RATE), 1)

@@ -1,68 +1,212 @@
-"""The scheduler and tracks: one clock, pairs kept together, audio never starves or skips."""
+"""The scheduler and tracks: one clock, audio the master, the picture held or skipped."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import numpy as np
 
-from musetalk_core.types import AudioChunk, LipSyncEngine
+from musetalk_core.segments import SegmentQueue
+from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
 from rtc_server.media.clock import ManualClock, MonotonicClock
 from rtc_server.media.scheduler import AVScheduler
 from rtc_server.media.tracks import AvatarAudioTrack, AvatarVideoTrack
 from tests.fakes import CountingEngine
 
+N = 1920
+"""Samples per unit (48 kHz, 25 fps)."""
 
-async def _filled(scheduler: AVScheduler, n: int) -> None:
-    for _ in range(200):
-        if len(scheduler._ready) >= n:
-            return
+
+async def _settle(rounds: int = 50) -> None:
+    for _ in range(rounds):
         await asyncio.sleep(0)
 
 
-def test_fake_engine_satisfies_the_protocol() -> None:
+def _speech(frames: int, seed: int = 1) -> np.ndarray:
+    """Distinct non-zero samples, so every piece can be told apart."""
+    return (np.arange(N * frames) % 7001 + seed).astype(np.int16)
+
+
+class GatedEngine:
+    """Speaking frames only when the test releases them; idle frames otherwise.
+
+    Frame images carry the (segment, index) they show in their first two pixels, so a test can
+    see which piece's picture went out at which instant.
+    """
+
+    def __init__(self) -> None:
+        self.queue = SegmentQueue(N)
+        self.gate = asyncio.Semaphore(0)
+        self.closed = False
+
+    fps = 25
+    sample_rate = 48_000
+    frame_size = (4, 4)
+    latency = 0.04
+
+    async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
+        self.queue.push(chunk.pcm, segment_id)
+
+    async def end_segment(self, segment_id: int) -> None:
+        self.queue.end(segment_id)
+
+    def clear(self) -> None:
+        self.queue.clear()
+
+    def release(self, n: int) -> None:
+        for _ in range(n):
+            self.gate.release()
+
+    async def frames(self) -> AsyncIterator[AvatarFrame]:
+        idle = np.zeros((4, 4, 3), np.uint8)
+        while not self.closed:
+            if not self.queue.pending:
+                await asyncio.sleep(0)
+                yield AvatarFrame(idle, AudioChunk(np.zeros(N, np.int16), 48_000), False, -1)
+                continue
+            await self.gate.acquire()
+            piece = self.queue.next_piece()
+            if piece is None:
+                continue
+            image = np.full((4, 4, 3), 255, np.uint8)
+            image[0, 0, 0], image[0, 1, 0] = piece.segment_id, piece.index
+            yield AvatarFrame(image, AudioChunk(piece.pcm, 48_000), True, piece.segment_id)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _shows(image: np.ndarray | None) -> tuple[int, int] | None:
+    """The (segment, index) a GatedEngine speech image shows; None for idle images."""
+    assert image is not None
+    if image[1, 1, 0] != 255:
+        return None
+    return int(image[0, 0, 0]), int(image[0, 1, 0])
+
+
+def test_fakes_satisfy_the_protocol() -> None:
     assert isinstance(CountingEngine(), LipSyncEngine)
+    assert isinstance(GatedEngine(), LipSyncEngine)
 
 
-async def test_both_tracks_get_the_same_pair_for_one_instant() -> None:
-    engine = CountingEngine()
-    scheduler = AVScheduler(engine, lead_frames=3)
-    scheduler.start()
-    speech = (np.arange(1920 * 4) % 1000 + 1).astype(np.int16)
-    await engine.push_audio(AudioChunk(speech, 48_000), segment_id=0)
-    await _filled(scheduler, 3)
+async def test_speech_is_placed_after_the_engine_latency_and_both_tracks_share_a_unit() -> None:
+    engine = CountingEngine()  # latency 40 ms: one unit
     clock = MonotonicClock()
+    scheduler = AVScheduler(engine, clock, lead_frames=3)
     audio = AvatarAudioTrack(clock, scheduler)
     video = AvatarVideoTrack(clock, scheduler)
-    frames = [await video.recv() for _ in range(3)]
-    pcm = [await audio.recv() for _ in range(6)]
-    for k in range(3):
-        # The engine's k-th pair: image value k, audio speech[k * 1920 : (k + 1) * 1920].
-        assert frames[k].to_ndarray(format="rgb24")[0, 0, 0] == k
-        halves = np.concatenate([pcm[2 * k].to_ndarray()[0], pcm[2 * k + 1].to_ndarray()[0]])
-        assert np.array_equal(halves, speech[k * 1920 : (k + 1) * 1920])
-    assert scheduler.stats.speaking_units == 3
+    scheduler.start()
+    speech = _speech(3)
+    await scheduler.push_audio(AudioChunk(speech, 48_000), segment_id=0)
+    await scheduler.end_segment(0)
+    await _settle()
+    frames = [await video.recv() for _ in range(4)]
+    pcm = [await audio.recv() for _ in range(8)]
+    heard = np.concatenate([f.to_ndarray()[0] for f in pcm])
+    # Unit 0 is idle (the engine's latency), units 1-3 play the speech, untouched and in order.
+    assert not heard[:N].any()
+    assert np.array_equal(heard[N:], speech)
+    # Each speech unit shows the engine's frame for that piece: CountingEngine counts frames,
+    # and the three speaking frames were its consecutive ones.
+    values = [int(f.to_ndarray(format="rgb24")[0, 0, 0]) for f in frames[1:]]
+    assert values == [values[0], values[0] + 1, values[0] + 2]
+    assert scheduler.stats.speaking_units == 3 and scheduler.stats.held_units == 0
     # Timestamps: video in 1/90000, audio in 1/48000, both from the same instant.
-    assert [f.pts for f in frames] == [0, 3600, 7200]
-    assert [f.pts for f in pcm] == [0, 960, 1920, 2880, 3840, 4800]
+    assert [f.pts for f in frames] == [0, 3600, 7200, 10800]
+    assert [f.pts for f in pcm] == [960 * i for i in range(8)]
     assert all(f.samples == 960 and f.format.name == "s16" for f in pcm)
     await scheduler.aclose()
 
 
-async def test_audio_never_starves_when_the_engine_is_empty() -> None:
+async def test_audio_never_starves_when_the_engine_gives_nothing() -> None:
     engine = CountingEngine()
-    scheduler = AVScheduler(engine, lead_frames=2)  # never started: nothing is ever ready
+    scheduler = AVScheduler(engine, lead_frames=2)  # never started: no frame ever arrives
     audio = AvatarAudioTrack(MonotonicClock(), scheduler)
     frames = [await audio.recv() for _ in range(10)]
     assert [f.pts for f in frames] == [960 * i for i in range(10)]
     assert all(not f.to_ndarray().any() for f in frames)
-    assert scheduler.stats.filler_units == 5
+    assert scheduler.stats.idle_held == 5
+
+
+async def test_speech_plays_whole_when_the_engine_renders_none_of_it() -> None:
+    engine = GatedEngine()  # the gate stays shut: no speaking frame is ever rendered
+    clock = ManualClock()
+    scheduler = AVScheduler(engine, clock)
+    scheduler.start()
+    speech = _speech(10)
+    await scheduler.push_audio(AudioChunk(speech, 48_000), 3)
+    await scheduler.end_segment(3)
+    units = [scheduler.unit(k, "video") for k in range(14)]
+    got = np.concatenate([u.audio.pcm for u in units])
+    start = 1  # latency 40 ms at session time 0
+    assert np.array_equal(got[start * N : (start + 10) * N], speech)
+    assert not got[: start * N].any() and not got[(start + 10) * N :].any()
+    assert [u.speaking for u in units] == [False] + [True] * 10 + [False] * 3
+    # The picture is held on the last image presented, never black.
+    assert scheduler.stats.held_units == 10
+    assert all(u.image is units[0].image for u in units[1:11])
+    await scheduler.aclose()
+
+
+async def test_a_late_engine_is_held_then_skips_ahead_into_sync() -> None:
+    engine = GatedEngine()
+    clock = ManualClock()
+    scheduler = AVScheduler(engine, clock)
+    scheduler.start()
+    await scheduler.push_audio(AudioChunk(_speech(12), 48_000), 0)
+    await scheduler.end_segment(0)
+    await _settle()
+    shown: list[tuple[int, int] | None] = []
+    # Pieces 0-1 are rendered in time; then the engine stalls for 4 units; then it renders
+    # everything it owes at once (a burst of slowness, then catching up).
+    engine.release(2)
+    await _settle()
+    for k in range(1, 3):
+        shown.append(_shows(scheduler.unit(k, "video").image))
+    for k in range(3, 7):
+        shown.append(_shows(scheduler.unit(k, "video").image))
+    engine.release(12)
+    await _settle(200)
+    for k in range(7, 13):
+        shown.append(_shows(scheduler.unit(k, "video").image))
+        await _settle()  # a frame period: the engine renders on into the room made
+    # Units 1-2 show pieces 0-1; units 3-6 hold piece 1's image; pieces 2-5 arrive too late
+    # and are dropped; from unit 7 on every unit shows its own piece again: back in sync.
+    assert shown[:2] == [(0, 0), (0, 1)]
+    assert shown[2:6] == [(0, 1)] * 4
+    assert shown[6:] == [(0, k - 1) for k in range(7, 13)]
+    assert scheduler.stats.held_units == 4
+    assert scheduler.stats.stale_frames == 4
+    await scheduler.aclose()
+
+
+async def test_a_tts_that_is_late_leaves_its_own_gap_and_speech_resumes_after_latency() -> None:
+    engine = CountingEngine()
+    clock = ManualClock()
+    scheduler = AVScheduler(engine, clock)
+    scheduler.start()
+    first, second = _speech(2, seed=1), _speech(2, seed=9)
+    await scheduler.push_audio(AudioChunk(first, 48_000), 0)
+    await _settle()
+    units = [scheduler.unit(k, "video") for k in range(5)]  # unit 1-2 play, 3-4: nothing yet
+    clock.advance(5 / 25)
+    await scheduler.push_audio(AudioChunk(second, 48_000), 0)
+    await scheduler.end_segment(0)
+    await _settle()
+    units += [scheduler.unit(k, "video") for k in range(5, 9)]
+    played = [False, True, True, False, False, False, True, True, False]
+    assert [u.speaking for u in units] == played
+    got = np.concatenate([u.audio.pcm for u in units if u.speaking])
+    assert np.array_equal(got, np.concatenate([first, second]))
+    assert [u.index for u in units if u.speaking] == [0, 1, 2, 3]
+    await scheduler.aclose()
 
 
 async def test_tracks_wait_on_the_clock() -> None:
     engine = CountingEngine()
-    scheduler = AVScheduler(engine)
     clock = ManualClock()
+    scheduler = AVScheduler(engine, clock)
     audio = AvatarAudioTrack(clock, scheduler)  # type: ignore[arg-type]
     first = asyncio.ensure_future(audio.recv())
     await asyncio.sleep(0)
@@ -79,9 +223,9 @@ async def test_tracks_wait_on_the_clock() -> None:
 
 async def test_late_video_is_dropped_audio_is_not() -> None:
     engine = CountingEngine()
-    scheduler = AVScheduler(engine)
-    scheduler.start()
     clock = MonotonicClock()
+    scheduler = AVScheduler(engine, clock)
+    scheduler.start()
     video = AvatarVideoTrack(clock, scheduler)
     audio = AvatarAudioTrack(clock, scheduler)
     await video.recv()
@@ -97,55 +241,51 @@ async def test_late_video_is_dropped_audio_is_not() -> None:
 
 async def test_clear_drops_queued_speech_at_once() -> None:
     engine = CountingEngine()
-    scheduler = AVScheduler(engine, lead_frames=3)
+    clock = ManualClock()
+    scheduler = AVScheduler(engine, clock, lead_frames=3)
     scheduler.start()
-    await engine.push_audio(AudioChunk(np.ones(1920 * 50, np.int16), 48_000), segment_id=0)
-    await _filled(scheduler, 3)
-    assert scheduler.unit(0).speaking
+    await scheduler.push_audio(AudioChunk(np.ones(N * 50, np.int16), 48_000), segment_id=0)
+    await _settle()
+    assert scheduler.unit(1).speaking
     scheduler.clear()
-    await _filled(scheduler, 1)
-    assert not scheduler.unit(1).speaking
-    assert not any(scheduler.unit(k).speaking for k in range(2, 6))
+    await _settle()
+    assert not any(scheduler.unit(k).speaking for k in range(2, 8))
+    assert not scheduler.speech_pending
+    # Audio of the cleared segment that was still being synthesized is not played either.
+    await scheduler.push_audio(AudioChunk(np.ones(N * 5, np.int16), 48_000), segment_id=0)
+    assert not any(scheduler.unit(k).speaking for k in range(8, 14))
     await scheduler.aclose()
 
 
-async def test_engine_failure_degrades_to_filler() -> None:
+async def test_engine_failure_keeps_the_speech_and_the_last_image() -> None:
     engine = CountingEngine()
     engine.fail_after = 3
-    scheduler = AVScheduler(engine, lead_frames=2)
+    clock = ManualClock()
+    scheduler = AVScheduler(engine, clock, lead_frames=2)
     scheduler.start()
-    for _ in range(20):
-        await asyncio.sleep(0)
-    units = [scheduler.unit(k) for k in range(8)]
-    assert all(u.audio.pcm.shape == (1920,) for u in units)
-    assert scheduler.stats.filler_units >= 5
-    # Filler repeats the last image rather than going black.
-    assert np.array_equal(units[-1].image, units[2].image)
+    await _settle()
+    speech = _speech(5)
+    await scheduler.push_audio(AudioChunk(speech, 48_000), 0)
+    await scheduler.end_segment(0)
+    units = [scheduler.unit(k, "video") for k in range(8)]
+    assert all(u.audio.pcm.shape == (N,) for u in units)
+    assert np.array_equal(np.concatenate([u.audio.pcm for u in units if u.speaking]), speech)
+    # The picture repeats the last image rather than going black.
+    assert units[-1].image is units[2].image or np.array_equal(units[-1].image, units[2].image)
     await scheduler.aclose()
 
 
-async def test_flush_idle_lets_speech_overtake_filler() -> None:
+async def test_a_lagging_audio_track_keeps_every_piece() -> None:
     engine = CountingEngine()
-    scheduler = AVScheduler(engine, lead_frames=3)
-    scheduler.start()
-    await _filled(scheduler, 3)  # three idle pairs rendered ahead
-    await engine.push_audio(AudioChunk(np.ones(1920 * 5, np.int16), 48_000), segment_id=0)
-    scheduler.flush_idle()
-    await _filled(scheduler, 3)
-    assert scheduler.unit(0).speaking
-    await scheduler.aclose()
-
-
-async def test_a_lagging_audio_track_keeps_every_pair() -> None:
-    engine = CountingEngine()
-    scheduler = AVScheduler(engine, lead_frames=2)
+    clock = ManualClock()
+    scheduler = AVScheduler(engine, clock, lead_frames=2)
     scheduler.register("audio")
     scheduler.register("video")
-    speech = (np.arange(1920 * 200) % 7000 + 1).astype(np.int16)
-    await engine.push_audio(AudioChunk(speech, 48_000), segment_id=0)
+    speech = _speech(200)
+    await scheduler.push_audio(AudioChunk(speech, 48_000), segment_id=0)
     scheduler.start()
     got = []
-    # Video runs 150 instants (6 s) ahead of audio; audio must still get every pair in order.
+    # Video runs 150 instants (6 s) ahead of audio; audio must still get every piece in order.
     for k in range(200):
         for _ in range(5):
             await asyncio.sleep(0)
@@ -153,26 +293,35 @@ async def test_a_lagging_audio_track_keeps_every_pair() -> None:
         if k >= 150:
             got.append(scheduler.unit(k - 150, "audio").audio.pcm)
         if k == 180:
-            # While audio lags, the pairs video has shown keep their sound, not their images.
+            # While audio lags, the units video has shown keep their sound, not their images.
             shown = [u for i, u in scheduler._units.items() if i < k]
             assert len(shown) > 100 and len({id(u.image) for u in shown}) <= 2
-    for k in range(50, 200):
+    for k in range(50, 202):
         got.append(scheduler.unit(k, "audio").audio.pcm)
     heard = np.concatenate(got)
-    speaking = heard[heard != 0]
-    assert np.array_equal(speaking, speech[: len(speaking)])
-    assert len(scheduler._units) <= 2
+    assert np.array_equal(heard[heard != 0], speech)
+    assert len(scheduler._units) <= 3
     await scheduler.aclose()
 
 
-async def test_video_asking_for_a_dropped_pair_gets_filler() -> None:
+async def test_video_asking_for_a_dropped_unit_gets_filler() -> None:
     engine = CountingEngine()
-    scheduler = AVScheduler(engine, lead_frames=2)
+    scheduler = AVScheduler(engine, ManualClock(), lead_frames=2)
     scheduler.start()
     for k in range(10):
         await asyncio.sleep(0)
         scheduler.unit(k, "audio")
         scheduler.unit(k, "video")
     unit = scheduler.unit(3, "video")
-    assert not unit.speaking and not unit.audio.pcm.any()
+    assert not unit.speaking and not unit.audio.pcm.any() and unit.image is not None
     await scheduler.aclose()
+
+
+async def test_audio_of_another_rate_is_refused() -> None:
+    scheduler = AVScheduler(CountingEngine(), ManualClock())
+    try:
+        await scheduler.push_audio(AudioChunk(np.zeros(160, np.int16), 16_000), 0)
+    except ValueError as exc:
+        assert "16000" in str(exc)
+    else:
+        raise AssertionError("16 kHz audio was accepted")

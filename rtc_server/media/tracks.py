@@ -19,7 +19,7 @@ class AvatarAudioTrack(MediaStreamTrack):
     """20 ms s16 mono frames at 48 kHz, gap-free: every instant gets audio, silence if idle.
 
     aiortc's Opus RTP timestamps count the samples delivered, so a skipped frame would shift
-    audio against video for the rest of the call (ARCHITECTURE §5 rule 2).
+    audio against video for the rest of the call.
     """
 
     kind = "audio"
@@ -74,8 +74,9 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._scheduler.note_video(index - self._next)
         self._next = index + 1
         await self._clock.sleep_until(index / fps)
-        unit = self._scheduler.unit(index, "video")
-        frame = av.VideoFrame.from_ndarray(unit.image, format="rgb24")
+        image = self._scheduler.unit(index, "video").image
+        assert image is not None  # resolved for the video track
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
         frame.pts = index * self._ticks
         frame.time_base = VIDEO_TIME_BASE
         return frame

@@ -1,0 +1,65 @@
+"""The one segment queue: speech cut into frame slices, the same way wherever it is held."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from musetalk_core.segments import SegmentQueue
+
+
+def _drain(queue: SegmentQueue) -> list[tuple[int, int, np.ndarray]]:
+    out = []
+    while (piece := queue.next_piece()) is not None:
+        out.append((piece.segment_id, piece.index, piece.pcm))
+    return out
+
+
+def test_pieces_are_continuous_slices_whatever_the_push_sizes() -> None:
+    queue = SegmentQueue(10)
+    pcm = np.arange(1, 36, dtype=np.int16)
+    for a, b in [(0, 3), (3, 17), (17, 18), (18, 35)]:
+        queue.push(pcm[a:b], 5)
+    pieces = _drain(queue)
+    # 35 samples: three full pieces; the partial fourth waits for more audio or the end.
+    assert [(s, i) for s, i, _ in pieces] == [(5, 0), (5, 1), (5, 2)]
+    assert np.array_equal(np.concatenate([p for _, _, p in pieces]), pcm[:30])
+    assert queue.pending and queue.queued_samples == 5
+    queue.end(5)
+    (last,) = _drain(queue)
+    assert last[1] == 3 and np.array_equal(last[2], np.r_[pcm[30:], np.zeros(5, np.int16)])
+    assert not queue.pending
+
+
+def test_a_new_segment_ends_the_one_before() -> None:
+    queue = SegmentQueue(4)
+    queue.push(np.ones(6, np.int16), 1)
+    queue.push(np.full(4, 2, np.int16), 2)
+    pieces = _drain(queue)
+    assert [(s, i) for s, i, _ in pieces] == [(1, 0), (1, 1), (2, 0)]
+    assert pieces[1][2].tolist() == [1, 1, 0, 0]
+
+
+def test_pushed_audio_is_copied() -> None:
+    queue = SegmentQueue(4)
+    buffer = np.ones(4, np.int16)
+    queue.push(buffer, 0)
+    buffer[:] = 9
+    piece = queue.next_piece()
+    assert piece is not None and piece.pcm.tolist() == [1, 1, 1, 1]
+
+
+def test_skip_and_remaining_follow_what_was_presented_elsewhere() -> None:
+    queue = SegmentQueue(4)
+    queue.push(np.arange(1, 11, dtype=np.int16), 0)
+    queue.end(0)
+    queue.push(np.arange(20, 26, dtype=np.int16), 1)
+    queue.skip(0)  # one piece of segment 0 was presented by someone else
+    remaining = queue.remaining()
+    assert [(s, taken, pcm.tolist(), ended) for s, taken, pcm, ended in remaining] == [
+        (0, 1, [5, 6, 7, 8, 9, 10], True),
+        (1, 0, [20, 21, 22, 23, 24, 25], False),
+    ]
+    queue.skip(1)  # segment 0 is over for whoever skips into segment 1
+    assert [s for s, _, _, _ in queue.remaining()] == [1]
+    queue.clear()
+    assert queue.next_piece() is None and not queue.pending
