@@ -175,3 +175,104 @@ def paired_offsets_ms(flashes: np.ndarray, beeps: np.ndarray, max_ms: float = 40
         if abs(f - nearest) * 1000 <= max_ms:
             out.append((f - nearest) * 1000)
     return np.asarray(out)
+
+
+AUDIO_FRAME_SAMPLES = 960
+"""Samples in one 20 ms Opus frame at 48 kHz (the RTP timestamp step of audio)."""
+PLAYOUT_DELAY_S = 0.080
+"""The playout delay of the modelled receiver: it plays the reply's first frame this long after
+it arrived, and each later frame at its RTP time from there."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hole:
+    at_ms: float
+    """Where it starts, from the first loud frame of the reply (media time)."""
+    ms: float
+    kind: str
+    """``missing`` (no packet for those instants), ``late`` (they came after their playout
+    time), ``mixed`` (both), or ``pause`` (a quiet stretch longer than the reply alone has)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyAudio:
+    first_loud: float
+    """Arrival of the reply's first loud frame (s)."""
+    speech_ms: float
+    """How long the speech took to hear, first loud frame to the end of the last: its RTP
+    span plus the waits for late frames."""
+    holes: list[Hole]
+    """Waits inside the speech (between its first and last loud frame) with nothing to play:
+    missing frames (20 ms each) and frames that came after their playout time (the wait until
+    they came; the receiver plays on from there, later)."""
+    pauses: list[Hole]
+    """Quiet stretches inside the speech (frames that came in time but are below ``level``):
+    the voice's own pauses, and any gap the sender filled with silence."""
+
+
+def reply_audio(
+    frames: Sequence[tuple[float, int, np.ndarray]],
+    after: float,
+    *,
+    level: float = 0.01,
+    playout_delay_s: float = PLAYOUT_DELAY_S,
+) -> ReplyAudio | None:
+    """The reply in ``frames`` (arrival s, RTP timestamp, mono pcm) that arrived after ``after``.
+
+    A receiver is modelled that plays the first loud frame ``playout_delay_s`` after it
+    arrived and every later frame at its RTP time from there; a frame that comes after its
+    playout time makes it wait (a hole of that length) and play on from then, later (as a
+    jitter buffer that rebuffers). A sender that had no speech in time sends silence instead
+    (the RTP timeline has no gap): that shows as a pause longer than the same reply's pauses
+    alone, which the caller compares. None: no loud frame arrived after ``after``.
+    """
+    later = sorted((f for f in frames if f[0] > after), key=lambda f: f[1])
+    if not later:
+        return None
+    loud = loud_frames([pcm for _, _, pcm in later], level)
+    if not loud.any():
+        return None
+    index = np.flatnonzero(loud)
+    first, last = later[index[0]], later[index[-1]]
+    by_ts = {
+        ts: (arrival, bool(is_loud))
+        for (arrival, ts, _), is_loud in zip(later, loud, strict=True)
+        if first[1] <= ts <= last[1]
+    }
+    frame_ms = AUDIO_FRAME_SAMPLES / 48
+    # Playout time minus RTP time (s); it grows by each wait.
+    offset = first[0] + playout_delay_s - first[1] / 48_000
+    waited = 0.0
+    kinds: list[tuple[str, float] | None] = []
+    for ts in range(first[1], last[1] + 1, AUDIO_FRAME_SAMPLES):
+        got = by_ts.get(ts)
+        if got is None:
+            kinds.append(("missing", frame_ms))
+            continue
+        wait = got[0] - (ts / 48_000 + offset)
+        if wait > 0.0005:  # (float rounding aside)
+            offset += wait
+            waited += wait
+            kinds.append(("late", wait * 1000))
+        else:
+            kinds.append(None if got[1] else ("quiet", frame_ms))
+    holes = _runs(kinds, {"missing", "late"})
+    pauses = [Hole(h.at_ms, h.ms, "pause") for h in _runs(kinds, {"quiet"})]
+    speech_ms = (last[1] - first[1]) / 48 + frame_ms + waited * 1000
+    return ReplyAudio(first[0], speech_ms, holes, pauses)
+
+
+def _runs(kinds: Sequence[tuple[str, float] | None], wanted: set[str]) -> list[Hole]:
+    """Runs of consecutive 20 ms instants whose kind is in ``wanted``; (kind, ms) each."""
+    frame_ms = AUDIO_FRAME_SAMPLES / 48
+    runs: list[Hole] = []
+    previous: str | None = None
+    for i, item in enumerate(kinds):
+        kind, ms = item if item is not None else (None, 0.0)
+        if kind in wanted and previous in wanted:
+            h = runs[-1]
+            runs[-1] = Hole(h.at_ms, h.ms + ms, h.kind if h.kind == kind else "mixed")
+        elif kind in wanted:
+            runs.append(Hole(i * frame_ms, ms, str(kind)))
+        previous = kind
+    return runs

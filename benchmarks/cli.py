@@ -283,22 +283,86 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from benchmarks import load
 
-    r = load.run(args.max_calls, args.url)
+    settings = load.Settings(
+        max_calls=args.max_calls,
+        turns=args.turns,
+        workers=args.workers,
+        headroom=args.headroom,
+        url=args.url,
+        server_pid=args.server_pid,
+        idle_s=args.idle_s,
+        reply_timeout_s=args.reply_timeout_s,
+        baseline_turns=args.baseline_turns,
+        keep_going=args.keep_going,
+        inject_hole_ms=args.inject_hole_ms,
+    )
+    r = load.run(settings)
+
+    def cell(v: float | None) -> float | str:
+        return "-" if v is None else float(v)
+
     rows = [
         [
             s["calls"],
-            s["worst_mean_interval_ms"],
-            s["worst_max_interval_ms"],
-            s["latency_ms"].get("p95", float("nan")),
+            s["failed_calls"],
+            cell(s["frame_interval_ms"]["p50"]),
+            cell(s["frame_interval_ms"]["p99"]),
+            cell(s["frame_interval_ms"]["max"]),
+            s["audio_holes"],
+            cell(s["stretch_ms"].get("max")),
+            cell(s["latency_ms"].get("p50")),
+            cell(s["latency_ms"].get("max")),
+            cell(s["server_cpu_idle_pct_per_call"]),
+            cell(s["server_cpu_speaking_pct_per_call"]),
+            cell(s["server_rss_mb"]),
+            cell(s["client_cpu_pct_per_call"]),
             "yes" if s["smooth"] else "no",
         ]
         for s in r["steps"]
     ]
+    one = r["one_call"]
     print(
-        table(["calls", "worst mean interval ms", "worst max ms", "reply p95 ms", "smooth"], rows)
+        f"turns {r['turns']}, workers {r['workers'] or 'default'}; one call alone: reply "
+        f"{one['latency_ms']:.0f} ms, speech {one['speech_ms']:.0f} ms"
     )
+    print(
+        table(
+            [
+                "calls",
+                "failed",
+                "interval p50 ms",
+                "p99",
+                "max",
+                "holes",
+                "stretch max ms",
+                "reply p50 ms",
+                "reply max",
+                "srv CPU/call idle %",
+                "speaking %",
+                "srv RSS MB",
+                "client CPU/call %",
+                "smooth",
+            ],
+            rows,
+        )
+    )
+    if not one["clean"]:
+        print("the reply alone already had holes: the machine is busy, the reference is off")
+    for s in r["steps"]:
+        if not s["smooth"]:
+            print(f"{s['calls']} call(s) not smooth: {'; '.join(s['not_smooth_because'])}")
     print(f"largest smooth: {r['largest_smooth_calls']} call(s)")
-    return {"max_calls": args.max_calls}, r
+    return {
+        "max_calls": args.max_calls,
+        "turns": args.turns,
+        "workers": args.workers,
+        "url": args.url,
+        "idle_s": args.idle_s,
+        "reply_timeout_s": args.reply_timeout_s,
+        "baseline_turns": args.baseline_turns,
+        "keep_going": args.keep_going,
+        "inject_hole_ms": args.inject_hole_ms,
+    }, r
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -361,8 +425,43 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="measure in Chromium (what a viewer sees and hears) instead of an aiortc caller",
     )
-    lod = sub.add_parser("load", help="add calls until one is no longer smooth")
+    lod = sub.add_parser("load", help="add light calls until a step is no longer smooth")
     lod.add_argument("--max-calls", type=int, default=8)
+    lod.add_argument(
+        "--turns",
+        choices=("simultaneous", "staggered"),
+        default="simultaneous",
+        help="every caller asks at the same moment, or spread over one turn's length",
+    )
+    lod.add_argument(
+        "--workers", type=int, default=None, help="passed to the spawned server's serve"
+    )
+    lod.add_argument(
+        "--server-pid", type=int, default=None, help="with --url: read this process's CPU"
+    )
+    lod.add_argument(
+        "--headroom",
+        action="store_true",
+        help="let the spawned server refuse calls it has no room for (503s count as failed)",
+    )
+    lod.add_argument("--idle-s", type=float, default=5.0, help="idle window per step")
+    lod.add_argument(
+        "--reply-timeout-s", type=float, default=30.0, help="no reply by then: a failed call"
+    )
+    lod.add_argument(
+        "--baseline-turns", type=int, default=3, help="turns of one call alone (the reference)"
+    )
+    lod.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="go on to --max-calls after a step that is not smooth",
+    )
+    lod.add_argument(
+        "--inject-hole-ms",
+        type=float,
+        default=0.0,
+        help="silence this much of the first caller's reply, to check the hole measurement",
+    )
     for p in (brw, syn, lod):
         p.add_argument("--url", default=None, help="a running server (default: in-process)")
     for p in (enc, eng, cal, lat, vad, brw, syn, lod):

@@ -1,7 +1,9 @@
 """An in-process aiortc caller for tests and benchmarks: connects to a server, records media.
 
 Frames are timed by the arrival of their first RTP packet, not by when aiortc's receiver hands
-them over (its jitter buffers hold audio and video for different times, STACK.md §10).
+them over (its jitter buffers hold audio and video for different times, STACK.md §10). With
+``decode_video=False`` (load runs) video frames are only counted, by the arrival of the first
+packet of each new RTP timestamp, and never decoded.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fractions
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +25,7 @@ from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCConfiguration
 
+from benchmarks.aiortc_compat import negotiated_codec, stop_decoding, wrap_rtp_handler
 from rtc_server.ice import restrict_host_addresses
 
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
@@ -44,7 +48,8 @@ async def make_offer(*, audio: bool = True, video: bool = True) -> str:
 @dataclass
 class Received:
     video: list[tuple[float, int, np.ndarray]] = field(default_factory=list)
-    """(arrival s, RTP timestamp, RGB image) per decoded frame."""
+    """(arrival s, RTP timestamp, RGB image) per decoded frame; the image is empty (0x0) when
+    video is not converted (``record_video=False``) or not decoded (``decode_video=False``)."""
     audio: list[tuple[float, int, np.ndarray]] = field(default_factory=list)
     """(arrival s, RTP timestamp, mono int16 at 48 kHz) per decoded 20 ms frame."""
 
@@ -58,6 +63,7 @@ class CallClient:
         *,
         microphone: MediaStreamTrack | None = None,
         record_video: bool = True,
+        decode_video: bool = True,
         ice_address: str | None = "127.0.0.1",
     ) -> None:
         # Benchmarks and tests keep every packet on loopback; aioice skips it unless told.
@@ -71,7 +77,10 @@ class CallClient:
         self.received = Received()
         self.record = True
         self.record_video = record_video
-        """False: video is received and decoded but not converted or kept (load benchmarks)."""
+        """False: video is received and decoded but not converted or kept."""
+        self.decode_video = decode_video
+        """False: video frames are counted by RTP arrival and never decoded (``bench load``)."""
+        self._last_video_ts: int | None = None
         self._arrivals: dict[tuple[str, int], float] = {}
         self._origins: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -86,6 +95,8 @@ class CallClient:
         self._event_signal.set()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "video" and not self.decode_video:
+            return  # its decoder is stopped at the first packet: the track only ends
         self._tasks.append(asyncio.ensure_future(self._consume(track)))
 
     async def _consume(self, track: MediaStreamTrack) -> None:
@@ -113,14 +124,39 @@ class CallClient:
 
     def _watch_arrivals(self) -> None:
         for transceiver in self.pc.getTransceivers():
-            receiver = transceiver.receiver
-            handler = self._timed(transceiver.kind, receiver._handle_rtp_packet)
-            receiver._handle_rtp_packet = handler  # type: ignore[method-assign]
+            receiver, kind = transceiver.receiver, transceiver.kind
+            if kind == "video" and not self.decode_video:
+                wrap_rtp_handler(receiver, functools.partial(self._counted, receiver))
+            else:
+                wrap_rtp_handler(receiver, functools.partial(self._timed, kind))
 
     def _timed(self, kind: str, handler: Any) -> Any:
         async def handle(packet: Any, arrival_time_ms: int) -> None:
             self._origins.setdefault(kind, packet.timestamp)
             self._arrivals.setdefault((kind, packet.timestamp), time.monotonic())
+            await handler(packet, arrival_time_ms)
+
+        return handle
+
+    def _counted(self, receiver: Any, handler: Any) -> Any:
+        """Video without decoding: one frame per new RTP timestamp, timed by its first packet.
+
+        Retransmissions and late packets of earlier frames carry older timestamps and are not
+        counted again (timestamps compared modulo 2**32). The packets still go through aiortc
+        (receiver reports, NACKs, REMB), all but the decoder, which the first packet stops.
+        """
+
+        async def handle(packet: Any, arrival_time_ms: int) -> None:
+            ts = packet.timestamp
+            if self._last_video_ts is None:
+                stop_decoding(receiver)
+                self._origins["video"] = ts
+                self._last_video_ts = ts - 1
+            if 0 < (ts - self._last_video_ts) & 0xFFFFFFFF < 2**31:
+                self._last_video_ts = ts
+                if self.record:
+                    rtp = (ts - self._origins["video"]) & 0xFFFFFFFF
+                    self.received.video.append((time.monotonic(), rtp, _NO_IMAGE))
             await handler(packet, arrival_time_ms)
 
         return handle
@@ -163,8 +199,8 @@ class CallClient:
 
     def video_codec(self) -> str | None:
         for t in self.pc.getTransceivers():
-            if t.kind == "video" and t._codecs:
-                return str(t._codecs[0].mimeType)
+            if t.kind == "video" and (codec := negotiated_codec(t)) is not None:
+                return codec
         return None
 
     async def say(self, text: str, *, interrupt: bool = False) -> str:
@@ -192,6 +228,10 @@ class CallClient:
             self._event_signal.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event_signal.wait(), remaining)
+
+    def skip_events(self) -> None:
+        """Let ``wait_event`` look only at events that come after now."""
+        self._cursor = len(self.events)
 
     async def wait_state(self, state: str, timeout: float = 10.0) -> None:
         await self.wait_event(lambda e: e == {"type": "state", "state": state}, timeout)

@@ -207,6 +207,9 @@ async def spawn_server(
         str(port),
         "--ice-address",
         ice_address,
+        # One process unless asked otherwise: a front with a worker per core measures the
+        # front too (bench load --workers N asks for it).
+        *([] if "--workers" in extra_args else ["--workers", "1"]),
         *extra_args,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=log if log is not None else asyncio.subprocess.DEVNULL,

@@ -1,93 +1,427 @@
-"""``bench load``: how many calls this machine carries smoothly.
+"""``bench load``: how many calls a server carries smoothly, measured at the server.
 
-Calls are added one step at a time to a server in its own process; at each step every caller
-asks a question at once. A step is smooth while, for every caller over the step, the mean
-video frame interval stays at most 42 ms and the longest at most 80 ms (by packet arrival),
-and the reply latency p95 stays within twice the one-call figure.
+Light callers (benchmarks/client.py with ``decode_video=False``) count video frames by RTP
+arrival without decoding them and decode only the audio, so many fit beside the server. One
+caller first asks the question alone (``baseline_turns`` times): the one-call reply latency and
+the speech of the reply alone. Then calls are added one step at a time; at each step every
+caller stays silent for ``idle_s`` (server CPU of idle calls), then each asks the question once,
+all at the same moment (``simultaneous``) or spread evenly over one turn's length
+(``staggered``). A step is smooth when no call failed (a reply within ``reply_timeout_s``),
+every caller's video frame interval p99 is at most 60 ms, no reply has an audio hole, and every
+reply latency is at most 1.5 times the one-call figure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from benchmarks.analysis import first_loud_after, voiced_span
+from benchmarks.analysis import PLAYOUT_DELAY_S, Hole, reply_audio, voiced_span
 from benchmarks.client import CallClient, Microphone
 from benchmarks.clip import speech_pcm
-from benchmarks.latency import QUESTIONS, connect_caller, spawn_server
-from benchmarks.report import summary
+from benchmarks.latency import QUESTIONS, spawn_server
+from benchmarks.procstat import usage
+from benchmarks.report import progress, summary
 
-MAX_MEAN_INTERVAL_MS = 42.0
-MAX_INTERVAL_MS = 80.0
+MAX_INTERVAL_P99_MS = 60.0
+MAX_LATENCY_RATIO = 1.5
+MIN_HOLE_MS = 10.0
+"""Shorter waits for a late frame are not counted as holes (a receiver hides them)."""
+PAUSE_MARGIN_MS = 100.0
+"""A pause counts as a hole when it is this much longer than the longest pause of the reply
+alone (the voice varies its pauses by tens of ms from one reading to the next)."""
+SAMPLE_S = 0.25
+"""How often the server's CPU time is read during the turns."""
+TURNS = ("simultaneous", "staggered")
 
 
-async def _ask(client: CallClient, mic: Microphone, pcm: np.ndarray) -> float | None:
+@dataclass
+class Settings:
+    max_calls: int = 8
+    turns: str = "simultaneous"
+    workers: int | None = None
+    """Passed to the spawned server as ``--workers N`` (only when given)."""
+    headroom: bool = False
+    """Let the spawned server refuse calls it has no headroom for (503: a failed call in the
+    table). Off by default: the bench looks for where calls stop being smooth."""
+    url: str | None = None
+    server_pid: int | None = None
+    """With ``url``: the server's process, for its CPU and memory (else they are not read)."""
+    idle_s: float = 5.0
+    reply_timeout_s: float = 30.0
+    baseline_turns: int = 3
+    keep_going: bool = False
+    """Go on adding calls after a step that is not smooth (to see how it degrades)."""
+    inject_hole_ms: float = 0.0
+    """Silence this much of the first caller's received reply at every step, mid-speech: a
+    known hole, to check that the measurement and the table catch one."""
+
+
+@dataclass
+class Answer:
+    """One caller's question and what came back."""
+
+    delay_s: float
+    asked_at: float = 0.0
+    done_at: float = 0.0
+    failed: str | None = None
+    latency_ms: float | None = None
+    speech: tuple[float, float] | None = None
+    """(first loud arrival, last loud end) of the reply, s."""
+    speech_ms: float | None = None
+    holes: list[Hole] = field(default_factory=list)
+    """Missing or late audio inside the speech."""
+    pauses: list[Hole] = field(default_factory=list)
+
+
+def _mute_middle(frames: list[tuple[float, int, np.ndarray]], after: float, ms: float) -> None:
+    """Zero ``ms`` of the loud part of ``frames`` after ``after``, around its middle."""
+    loud = [i for i, (a, _, p) in enumerate(frames) if a > after and np.abs(p).max() > 327]
+    if not loud:
+        return
+    middle = (loud[0] + loud[-1]) // 2
+    count = max(1, round(ms / 20))
+    for i in range(middle - count // 2, min(len(frames), middle - count // 2 + count)):
+        arrival, ts, pcm = frames[i]
+        frames[i] = (arrival, ts, np.zeros_like(pcm))
+
+
+async def _ask(
+    client: CallClient,
+    mic: Microphone,
+    pcm: np.ndarray,
+    answer: Answer,
+    timeout: float,
+    inject_hole_ms: float = 0.0,
+) -> Answer:
+    await asyncio.sleep(answer.delay_s)
     _, voiced_end = voiced_span(pcm, 48_000)
     start = len(client.received.audio)
+    answer.asked_at = time.monotonic()
     handle = mic.play(pcm)
-    await client.wait_event(lambda e: e.get("type") == "turn", timeout=60)
-    await client.wait_state("listening", timeout=60)
+    deadline = answer.asked_at + timeout
+    try:
+        await client.wait_event(lambda e: e.get("type") == "turn", timeout=timeout)
+        await client.wait_state("listening", timeout=max(0.1, deadline - time.monotonic()))
+    except TimeoutError:
+        answer.failed = f"no reply within {timeout:g} s"
+    answer.done_at = time.monotonic()
+    await asyncio.sleep(0.3)  # the last packets of the reply
     end = mic.sent_at(handle, voiced_end)
-    first = first_loud_after(client.received.audio[start:], end or 0.0)
-    return None if first is None or end is None else (first - end) * 1000
+    frames = list(client.received.audio[start:])
+    if end is None:
+        answer.failed = answer.failed or "the question was not sent"
+        return answer
+    if inject_hole_ms:
+        _mute_middle(frames, end, inject_hole_ms)
+    reply = reply_audio(frames, end)
+    if reply is None:
+        answer.failed = answer.failed or "no reply audio"
+        return answer
+    answer.latency_ms = (reply.first_loud - end) * 1000
+    answer.speech = (reply.first_loud, reply.first_loud + reply.speech_ms / 1000)
+    answer.speech_ms = reply.speech_ms
+    answer.holes = reply.holes
+    answer.pauses = reply.pauses
+    return answer
 
 
-async def _step(callers: list[tuple[CallClient, Microphone]], pcm: np.ndarray) -> dict[str, Any]:
-    marks = [len(c.received.video) for c, _ in callers]
-    latencies = await asyncio.gather(*(_ask(c, m, pcm) for c, m in callers))
-    means, maxes = [], []
-    for (client, _), mark in zip(callers, marks, strict=True):
-        arrivals = np.asarray([a for a, _, _ in client.received.video[mark:]])
-        intervals = np.diff(arrivals) * 1000
-        means.append(float(intervals.mean()))
-        maxes.append(float(intervals.max()))
+async def _settle(client: CallClient, timeout: float = 60.0) -> None:
+    """After a failed ask: let the late reply finish, so the next step starts clean."""
+    with contextlib.suppress(TimeoutError):
+        await client.wait_event(lambda e: e.get("type") == "turn", timeout=timeout)
+        await client.wait_state("listening", timeout=timeout)
+    client.skip_events()
+
+
+async def connect_light_caller(url: str) -> tuple[CallClient, Microphone]:
+    mic = Microphone()
+    client = CallClient(url, microphone=mic, record_video=False, decode_video=False)
+    await client.connect()
+    await client.wait_channel_open()
+    await client.wait_state("listening", timeout=30)
+    return client, mic
+
+
+def speaking_cpu_pct_per_call(
+    samples: list[tuple[float, float]],
+    spans: list[tuple[float, float]],
+    idle_cores_per_call: float,
+    calls: int,
+) -> float | None:
+    """Server CPU of one speaking call, % of one core.
+
+    Over each interval between two CPU samples, k calls are speaking (their reply's speech
+    covers the interval's middle): what the interval cost beyond the n - k calls that were
+    not speaking (at the idle rate), per speaking call. None: nobody spoke between samples.
+    """
+    spent, speaking_s = 0.0, 0.0
+    for (t0, c0), (t1, c1) in zip(samples, samples[1:], strict=False):
+        mid = (t0 + t1) / 2
+        k = sum(1 for a, b in spans if a <= mid < b)
+        if k:
+            spent += (c1 - c0) - idle_cores_per_call * (calls - k) * (t1 - t0)
+            speaking_s += k * (t1 - t0)
+    return spent / speaking_s * 100 if speaking_s else None
+
+
+async def _sample(pid: int, out: list[tuple[float, float]], rss: list[int]) -> None:
+    while True:
+        u = usage(pid)
+        out.append((time.monotonic(), u.cpu_s))
+        rss.append(u.rss_bytes)
+        await asyncio.sleep(SAMPLE_S)
+
+
+@dataclass
+class Reference:
+    """The question asked by one caller alone."""
+
+    latency_ms: float
+    speech_ms: float
+    longest_pause_ms: float
+    """The longest quiet stretch inside the reply alone (the voice's own pause)."""
+    turn_s: float
+    """Question start to the reply's end."""
+    clean: bool
+    """The reply alone had no hole (else the machine was busy and the reference is off)."""
+
+
+async def _baseline(
+    client: CallClient, mic: Microphone, pcm: np.ndarray, s: Settings
+) -> tuple[Reference, list[dict[str, Any]]]:
+    answers = []
+    for i in range(s.baseline_turns):
+        a = await _ask(client, mic, pcm, Answer(0.0), s.reply_timeout_s)
+        if a.failed or a.latency_ms is None or a.speech_ms is None:
+            raise RuntimeError(f"the one-call reference turn failed: {a.failed}")
+        answers.append(a)
+        progress(f"one call alone: turn {i + 1}/{s.baseline_turns}, {a.latency_ms:.0f} ms")
+        await asyncio.sleep(0.5)
+    # The speech of the reply alone: the cleanest reading (holes and late speech only ever
+    # lengthen a reply), fewest holes first, then the shortest.
+    best = min(answers, key=lambda a: (len(holes(a, None)), a.speech_ms or 0.0))
+    ref = Reference(
+        latency_ms=statistics.median(a.latency_ms or 0.0 for a in answers),
+        speech_ms=best.speech_ms or 0.0,
+        longest_pause_ms=max((h.ms for h in best.pauses), default=0.0),
+        turn_s=statistics.median(a.done_at - a.asked_at for a in answers),
+        clean=not holes(best, None),
+    )
+    return ref, [_answer_json(a, None) for a in answers]
+
+
+def holes(a: Answer, ref: Reference | None) -> list[Hole]:
+    """The reply's holes: missing or late audio, and pauses the reply alone does not have."""
+    waits = [h for h in a.holes if h.ms >= MIN_HOLE_MS]
+    if ref is None:
+        return waits
+    limit = ref.longest_pause_ms + PAUSE_MARGIN_MS
+    return sorted([*waits, *(p for p in a.pauses if p.ms > limit)], key=lambda h: h.at_ms)
+
+
+def _answer_json(a: Answer, ref: Reference | None) -> dict[str, Any]:
     return {
-        "calls": len(callers),
-        "latency_ms": summary([x for x in latencies if x is not None]),
-        "worst_mean_interval_ms": max(means),
-        "worst_max_interval_ms": max(maxes),
+        "delay_s": a.delay_s,
+        "failed": a.failed,
+        "latency_ms": a.latency_ms,
+        "speech_ms": a.speech_ms,
+        "stretch_ms": (None if ref is None or a.speech_ms is None else a.speech_ms - ref.speech_ms),
+        "holes": [asdict(h) for h in holes(a, ref)],
+        "longest_pause_ms": max((h.ms for h in a.pauses), default=None),
     }
 
 
-async def _measure(max_calls: int, url: str | None) -> dict[str, Any]:
+def summarize_step(
+    calls: int,
+    answers: list[Answer],
+    intervals: list[np.ndarray],
+    ref: Reference,
+    cpu: dict[str, float | None],
+) -> dict[str, Any]:
+    """One row of the table: per-call figures, the step's worst, and whether it was smooth."""
+    callers = []
+    for a, iv in zip(answers, intervals, strict=True):
+        row = _answer_json(a, ref)
+        row["frame_interval_ms"] = summary(iv.tolist())
+        callers.append(row)
+    latencies = [a.latency_ms for a in answers if a.latency_ms is not None]
+    stretches = [c["stretch_ms"] for c in callers if c["stretch_ms"] is not None]
+    # A caller that got no frames has no interval: it counts as infinitely late.
+    p99s = [c["frame_interval_ms"].get("p99", float("inf")) for c in callers]
+    p50s = [c["frame_interval_ms"]["p50"] for c in callers if c["frame_interval_ms"]["n"]]
+    failed = sum(1 for a in answers if a.failed)
+    hole_count = sum(len(c["holes"]) for c in callers)
+    limit = MAX_LATENCY_RATIO * ref.latency_ms
+    why = []
+    if failed:
+        why.append(f"{failed} call(s) failed")
+    if max(p99s, default=float("inf")) > MAX_INTERVAL_P99_MS:
+        why.append(f"frame interval p99 over {MAX_INTERVAL_P99_MS:g} ms")
+    if hole_count:
+        why.append(f"{hole_count} audio hole(s)")
+    if any(x > limit for x in latencies):
+        why.append(f"reply latency over {limit:.0f} ms")
+    return {
+        "calls": calls,
+        "failed_calls": failed,
+        "frame_interval_ms": {
+            "p50": statistics.median(p50s) if p50s else None,
+            "p99": max(p99s) if all(np.isfinite(p99s)) else None,
+            "max": max(c["frame_interval_ms"].get("max", 0.0) for c in callers) if p50s else None,
+        },
+        "audio_holes": hole_count,
+        "stretch_ms": summary(stretches),
+        "latency_ms": summary(latencies),
+        **cpu,
+        "smooth": not why,
+        "not_smooth_because": why,
+        "callers": callers,
+    }
+
+
+async def _step(
+    callers: list[tuple[CallClient, Microphone]],
+    pcm: np.ndarray,
+    ref: Reference,
+    s: Settings,
+    pid: int | None,
+) -> dict[str, Any]:
+    n = len(callers)
+    for client, _ in callers:
+        client.received.audio.clear()
+        client.received.video.clear()
+    started = time.monotonic()
+    client_cpu = time.process_time()
+    idle0 = usage(pid) if pid else None
+    await asyncio.sleep(s.idle_s)
+    idle1 = usage(pid) if pid else None
+    idle_end = time.monotonic()
+    samples: list[tuple[float, float]] = []
+    rss: list[int] = []
+    sampler = asyncio.ensure_future(_sample(pid, samples, rss)) if pid else None
+    spread = ref.turn_s if s.turns == "staggered" else 0.0
+    asks = [
+        _ask(c, m, pcm, Answer(i * spread / n), s.reply_timeout_s, 0 if i else s.inject_hole_ms)
+        for i, (c, m) in enumerate(callers)
+    ]
+    answers = await asyncio.gather(*asks)
+    if sampler is not None:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    ended = time.monotonic()
+    client_pct = (time.process_time() - client_cpu) / (ended - started) / n * 100
+    # Smoothness is judged while the reply plays: an idle avatar whose picture does not change
+    # is sent at 4 fps on purpose (rtc_server/media/tracks.py). A reply that was not heard is
+    # judged over the whole step.
+    intervals = []
+    for (c, _), a in zip(callers, answers, strict=True):
+        lo, hi = a.speech if a.speech is not None else (started, ended)
+        intervals.append(np.diff([t for t, _, _ in c.received.video if lo <= t <= hi]) * 1000)
+    cpu: dict[str, float | None] = {
+        "server_cpu_idle_pct_per_call": None,
+        "server_cpu_speaking_pct_per_call": None,
+        "server_cpu_turns_pct_per_call": None,
+        "server_rss_mb": None,
+        "server_processes": None,
+        "client_cpu_pct_per_call": client_pct,
+    }
+    if idle0 is not None and idle1 is not None and len(samples) > 1:
+        idle_cores = (idle1.cpu_s - idle0.cpu_s) / (idle_end - started) / n
+        spans = [a.speech for a in answers if a.speech is not None]
+        turn_cores = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]) / n
+        cpu["server_cpu_idle_pct_per_call"] = idle_cores * 100
+        cpu["server_cpu_speaking_pct_per_call"] = speaking_cpu_pct_per_call(
+            samples, spans, idle_cores, n
+        )
+        cpu["server_cpu_turns_pct_per_call"] = turn_cores * 100
+        cpu["server_rss_mb"] = max([idle1.rss_bytes, *rss]) / 2**20
+        cpu["server_processes"] = idle1.processes
+    for (client, _), a in zip(callers, answers, strict=True):
+        if a.failed:
+            await _settle(client)
+    return summarize_step(n, answers, intervals, ref, cpu)
+
+
+def _line(step: dict[str, Any]) -> str:
+    def f(v: float | None, fmt: str = ".0f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    iv = step["frame_interval_ms"]
+    return (
+        f"{step['calls']} call(s): {step['failed_calls']} failed, frame interval p99 "
+        f"{f(iv['p99'])} max {f(iv['max'])} ms, {step['audio_holes']} hole(s), reply max "
+        f"{f(step['latency_ms'].get('max'))} ms, server CPU/call idle "
+        f"{f(step['server_cpu_idle_pct_per_call'], '.1f')} % speaking "
+        f"{f(step['server_cpu_speaking_pct_per_call'], '.1f')} %"
+        + ("" if step["smooth"] else "  <- not smooth: " + "; ".join(step["not_smooth_because"]))
+    )
+
+
+async def _measure(s: Settings) -> dict[str, Any]:
+    if s.turns not in TURNS:
+        raise ValueError(f"turns is one of {TURNS}, not {s.turns!r}")
     process = None
+    url, pid = s.url, s.server_pid
     if url is None:
-        url, process = await spawn_server()
+        # The same sentence always gives the same reply audio: stretch and holes are measured
+        # against the reply alone.
+        extra = ["--max-sessions", str(max(8, s.max_calls)), "--piper-deterministic"]
+        if not s.headroom:
+            extra.append("--no-headroom")
+        if s.workers is not None:
+            extra += ["--workers", str(s.workers)]
+        url, process = await spawn_server(*extra)
+        pid = process.pid
     pcm = await speech_pcm(QUESTIONS[1])
     callers: list[tuple[CallClient, Microphone]] = []
     steps: list[dict[str, Any]] = []
     largest = 0
     try:
-        for n in range(1, max_calls + 1):
-            callers.append(await connect_caller(url, record_video=False))
-            step = await _step(callers, pcm)
-            base = steps[0]["latency_ms"].get("p95") if steps else step["latency_ms"].get("p95")
-            step["smooth"] = (
-                step["worst_mean_interval_ms"] <= MAX_MEAN_INTERVAL_MS
-                and step["worst_max_interval_ms"] <= MAX_INTERVAL_MS
-                and step["latency_ms"].get("p95", float("inf")) <= 2 * (base or float("inf"))
-            )
+        callers.append(await connect_light_caller(url))
+        ref, baseline = await _baseline(*callers[0], pcm, s)
+        for n in range(1, s.max_calls + 1):
+            if n > 1:
+                callers.append(await connect_light_caller(url))
+            await asyncio.sleep(1.0)
+            step = await _step(callers, pcm, ref, s, pid)
             steps.append(step)
-            print(
-                f"  {n} call(s): mean interval {step['worst_mean_interval_ms']:.1f} ms, "
-                f"max {step['worst_max_interval_ms']:.0f} ms, reply p95 "
-                f"{step['latency_ms'].get('p95', float('nan')):.0f} ms"
-                f"{'' if step['smooth'] else '  <- not smooth'}",
-                flush=True,
-            )
-            if not step["smooth"]:
+            print("  " + _line(step), flush=True)
+            if step["smooth"] and largest == n - 1:
+                largest = n
+            elif not s.keep_going:
                 break
-            largest = n
     finally:
         for client, _ in callers:
             await client.close()
         if process is not None:
             process.terminate()
             await process.wait()
-    return {"largest_smooth_calls": largest, "max_calls_tried": len(steps), "steps": steps}
+    return {
+        "largest_smooth_calls": largest,
+        "max_calls_tried": len(steps),
+        "turns": s.turns,
+        "workers": s.workers,
+        "headroom": s.headroom,
+        "one_call": {**asdict(ref), "turns": baseline},
+        "rules": {
+            "frame_interval_p99_ms": MAX_INTERVAL_P99_MS,
+            "latency_ratio": MAX_LATENCY_RATIO,
+            "audio_holes": 0,
+            "pause_margin_ms": PAUSE_MARGIN_MS,
+            "min_hole_ms": MIN_HOLE_MS,
+            "playout_delay_ms": PLAYOUT_DELAY_S * 1000,
+        },
+        "steps": steps,
+    }
 
 
-def run(max_calls: int = 8, url: str | None = None) -> dict[str, Any]:
-    return asyncio.run(_measure(max_calls, url))
+def run(settings: Settings) -> dict[str, Any]:
+    return asyncio.run(_measure(settings))

@@ -24,6 +24,10 @@ def _histogram(ax: Any, samples: Sequence[float], xlabel: str) -> None:
     ax.set_ylabel("count")
 
 
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
 def plot(bench: str, results: Any, path: Path) -> None:
     """Draw ``results`` of ``bench`` (as the subcommand returns them) into ``path``."""
     import matplotlib.pyplot as plt
@@ -128,25 +132,28 @@ def plot(bench: str, results: Any, path: Path) -> None:
         ax.bar(["p50", "p95", "max"], [results["cost_ms"][k] for k in ("p50", "p95", "max")])
         ax.set_ylabel("ms")
     elif bench == "load":
-        fig, (ax,) = _figure(f"Load: {results['largest_smooth_calls']} smooth call(s)")
-        calls = [s["calls"] for s in results["steps"]]
-        ax.plot(
-            calls,
-            [s["worst_mean_interval_ms"] for s in results["steps"]],
-            "o-",
-            label="worst mean frame interval",
+        fig, (frames, cpu) = _figure(
+            f"Load ({results['turns']} turns): {results['largest_smooth_calls']} smooth call(s)", 2
         )
-        ax.plot(
-            calls,
-            [s["worst_max_interval_ms"] for s in results["steps"]],
-            "o-",
-            label="worst max frame interval",
-        )
-        ax.axhline(42, color="#b91c1c", linestyle="--")
-        ax.axhline(80, color="#b45309", linestyle="--")
-        ax.set_xlabel("calls")
-        ax.set_ylabel("ms")
-        ax.legend()
+        steps = results["steps"]
+        calls = [s["calls"] for s in steps]
+        for key, label in (("p99", "worst caller's p99"), ("max", "longest")):
+            values = [s["frame_interval_ms"][key] for s in steps]
+            frames.plot(calls, [_nan(v) for v in values], "o-", label=label)
+        frames.axhline(results["rules"]["frame_interval_p99_ms"], color="#b91c1c", linestyle="--")
+        frames.set_xticks(calls)
+        frames.set_xlabel("calls")
+        frames.set_ylabel("video frame interval (ms)")
+        frames.legend()
+        for key, label in (
+            ("server_cpu_idle_pct_per_call", "idle"),
+            ("server_cpu_speaking_pct_per_call", "speaking"),
+        ):
+            cpu.plot(calls, [_nan(s[key]) for s in steps], "o-", label=label)
+        cpu.set_xticks(calls)
+        cpu.set_xlabel("calls")
+        cpu.set_ylabel("server CPU per call (% of one core)")
+        cpu.legend()
     else:
         raise ValueError(f"no plot for {bench!r}")
     fig.tight_layout()

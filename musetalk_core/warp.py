@@ -173,6 +173,8 @@ class WarpRenderer:
         self.avatar = avatar
         self.sway_px = float(sway_px)
         self._base = avatar.image
+        self._still = avatar.image.copy()
+        self._still.flags.writeable = False
         self._blinks = _Blinks(np.random.default_rng(seed))
         self._fields: dict[int, _MouthFields] = {}
 
@@ -212,8 +214,23 @@ class WarpRenderer:
         """Eyelid closure at time ``t`` seconds: 0 open, 1 shut. Deterministic per seed."""
         return self._blinks.amount(t)
 
+    @property
+    def still(self) -> U8:
+        """The avatar at rest (mouth shut, eyes open): one shared, read-only array."""
+        return self._still
+
+    def is_still(self, openness: float, t: float) -> bool:
+        """Does :meth:`render` at (``openness``, ``t``) give :attr:`still`?"""
+        return openness < 1.0 / 256 and self.sway_px <= 0.0 and self._blinks.amount(t) <= 0.0
+
     def render(self, openness: float, roundness: float, t: float) -> U8:
-        """A new uint8 RGB frame with the mouth at (openness, roundness) at time ``t`` seconds."""
+        """A uint8 RGB frame with the mouth at (openness, roundness) at time ``t`` seconds.
+
+        A new array, except for the avatar at rest, which is always the same :attr:`still`
+        (read-only): consumers can tell an unchanged picture by identity.
+        """
+        if self.is_still(openness, t):
+            return self._still
         out = self._base.copy()
         o = min(1.0, max(0.0, float(openness)))
         level = round(min(1.0, max(0.0, float(roundness))) * _ROUND_LEVELS)
@@ -511,15 +528,20 @@ class WarpEngine:
             generation = self._generation
             audio = self._next_audio()
             t = self._index / self._fps
-            try:
-                image, elapsed = await loop.run_in_executor(
-                    self._executor, self._render, None if audio is None else audio[1], t
-                )
-            except RuntimeError:
-                return  # the executor was shut down by aclose()
+            if audio is None and self._renderer.is_still(0.0, t):
+                # At rest: the shared still picture, no render and no thread round trip.
+                image = self._renderer.still
+                await asyncio.sleep(0)
+            else:
+                try:
+                    image, elapsed = await loop.run_in_executor(
+                        self._executor, self._render, None if audio is None else audio[1], t
+                    )
+                except RuntimeError:
+                    return  # the executor was shut down by aclose()
+                self._render_s = 0.9 * self._render_s + 0.1 * elapsed
             if self._closed:
                 return
-            self._render_s = 0.9 * self._render_s + 0.1 * elapsed
             if audio is not None and generation != self._generation:
                 continue  # clear() came during the render: this speech was dropped with it
             self._index += 1

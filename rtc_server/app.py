@@ -18,9 +18,15 @@ from musetalk_core.types import LipSyncEngine
 from rtc_server.config import ServerConfig
 from rtc_server.embed import add_embed_route
 from rtc_server.engines import EngineFactory, load_engine_factory
+from rtc_server.headroom import Headroom, HeadroomSettings
 from rtc_server.ice import IceServers, announce_address, restrict_host_addresses
+from rtc_server.media.aiortc_compat import (
+    negotiated_codec,
+    set_sender_encoder,
+    use_fast_audio_level,
+)
 from rtc_server.media.fallback import ResilientEngine
-from rtc_server.media.h264 import TunedH264Encoder, use_tuned_encoder
+from rtc_server.media.h264 import TunedH264Encoder
 from rtc_server.media.inbound import low_latency_audio
 from rtc_server.memory import MemoryReleaser, limit_arenas
 from rtc_server.metrics import Metrics
@@ -69,6 +75,10 @@ class SessionManager:
         )
         self.draining = False
         """Set on SIGTERM: no new calls, running ones go on until the drain timeout."""
+        self.headroom = Headroom(
+            HeadroomSettings(cpu_limit=config.cpu_limit or Headroom.default_cpu_limit())
+        )
+        """What this process measures of its own load; refuses calls it has no room for."""
         self._pending = 0
         self.memory = MemoryReleaser(executor, lambda: not self.sessions and not self._pending)
         """Gives the heap of ended calls back to the OS (rtc_server/memory.py)."""
@@ -115,6 +125,17 @@ class SessionManager:
                 f"the server is at its limit of {self.config.max_sessions} calls",
                 headers={"Retry-After": "5"},
             )
+        self.headroom.calls = len(self.sessions) + self._pending
+        refusal = self.headroom.refusal() if self.config.headroom else None
+        if refusal is not None:
+            self.metrics.calls_refused.labels("headroom").inc()
+            logger.warning("call refused: %s", refusal.reason)
+            raise SignalingError(
+                503,
+                "at_capacity",
+                f"the server has no room for another call now: {refusal.reason}",
+                headers={"Retry-After": str(refusal.retry_after_s)},
+            )
         self._pending += 1
         try:
             engine = ResilientEngine(
@@ -138,6 +159,7 @@ class SessionManager:
             connect_timeout_s=self.config.connect_timeout_s,
             max_call_s=self.config.max_call_s,
             idle_timeout_s=self.config.idle_timeout_s or None,
+            still_repeat_s=self.config.still_repeat_s,
         )
         if self.engine_factory is not None and self.engine_factory.notice:
             session.notices.append(("engine_fallback", self.engine_factory.notice))
@@ -156,9 +178,9 @@ class SessionManager:
             for transceiver in pc.getTransceivers():
                 if transceiver.kind == "audio":
                     low_latency_audio(transceiver)
-            negotiated = video._codecs[0].mimeType if video._codecs else None
+            negotiated = negotiated_codec(video)
             if negotiated == "video/H264":
-                use_tuned_encoder(
+                set_sender_encoder(
                     video.sender,
                     TunedH264Encoder(on_encode=self.metrics.encode_seconds.observe),
                 )
@@ -169,6 +191,7 @@ class SessionManager:
                 raise
             raise SignalingError(400, "bad_sdp", f"the offer could not be answered: {exc}") from exc
         self.sessions[session.id] = session
+        self.headroom.calls = len(self.sessions)
         self.metrics.sessions.set(len(self.sessions))
         self.metrics.sessions_created.inc()
         session.start()
@@ -178,8 +201,18 @@ class SessionManager:
 
     async def _forget(self, session: AvatarSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
+            self.headroom.calls = len(self.sessions)
             self.metrics.sessions.set(len(self.sessions))
             self.memory.release_soon()
+
+    def speech_totals(self) -> tuple[int, int]:
+        """(speech instants presented, instants held) summed over the running calls."""
+        stats = [s.scheduler.stats for s in self.sessions.values()]
+        return sum(x.speaking_units for x in stats), sum(x.held_units for x in stats)
+
+    def load_report(self) -> dict[str, float | int | None]:
+        """What ``/readyz`` reports of this process's load."""
+        return {"sessions": len(self.sessions), **self.headroom.snapshot()}
 
     def say(self, session_id: str, request: SayRequest) -> str:
         return self.sessions[session_id].say(request.text, interrupt=request.interrupt)
@@ -232,6 +265,7 @@ def create_app(
     engine_loader: Callable[[], EngineFactory] | None = None,
 ) -> web.Application:
     """Build the application; models load in the background and /readyz says when they are in."""
+    use_fast_audio_level()
     restrict_host_addresses(config.ice_addresses)
     limit_arenas()
     access = AccessPolicy(
@@ -260,7 +294,9 @@ def create_app(
         http = aiohttp.ClientSession()
         loading = asyncio.ensure_future(manager.load(loader, http))
         app[LOADING] = loading
+        manager.headroom.start(manager.speech_totals)
         yield
+        await manager.headroom.aclose()
         loading.cancel()
         try:
             await loading
@@ -295,7 +331,7 @@ def create_app(
             raise SignalingError(503, "draining", "the server is shutting down")
         if not manager.ready:
             raise SignalingError(503, "not_ready", "models are still loading")
-        return web.json_response({"status": "ready", "sessions": len(manager.sessions)})
+        return web.json_response({"status": "ready", **manager.load_report()})
 
     async def ice_servers(request: web.Request) -> web.Response:
         # What a browser needs before it creates its RTCPeerConnection: as guarded as /offer.
@@ -306,6 +342,7 @@ def create_app(
         )
 
     async def metrics_route(request: web.Request) -> web.Response:
+        metrics.observe_load(manager.headroom)
         return web.Response(
             body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

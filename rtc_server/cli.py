@@ -13,8 +13,12 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rtc_server.config import ENGINES, LLMS, STTS, TTSS, ServerConfig, default_cache_dir
+
+if TYPE_CHECKING:
+    from rtc_server.engines import EngineFactory
 
 
 def _env(environ: Mapping[str, str], flag: str) -> str | None:
@@ -67,7 +71,39 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=None,
         help="STUN/TURN server, stun:host:port or turn:user:password@host:port (repeatable)",
     )
-    serve.add_argument("--max-sessions", type=int, default=int(_env(environ, "max-sessions") or 8))
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        default=int(_env(environ, "max-sessions") or 8),
+        help="concurrent calls of the whole server (all workers together)",
+    )
+    serve.add_argument(
+        "--cpu-limit",
+        type=float,
+        default=float(_env(environ, "cpu-limit") or 0) or None,
+        help="cores a process may use before it refuses new calls with 503 at_capacity "
+        "(default: 90%% of its share of the cores)",
+    )
+    serve.add_argument(
+        "--no-headroom",
+        action="store_true",
+        default=bool(_env(environ, "no-headroom")),
+        help="take calls up to --max-sessions whatever the load (no admission by headroom)",
+    )
+    serve.add_argument(
+        "--piper-deterministic",
+        action="store_true",
+        default=bool(_env(environ, "piper-deterministic")),
+        help="the local voice without its sampled variation: the same text, the same audio "
+        "(benchmarks and tests)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(_env(environ, "workers") or 0),
+        help="media worker processes behind one HTTP front, each loading its own models "
+        "(0: one per core; 1: a single process, no front)",
+    )
     serve.add_argument(
         "--allowed-origin",
         action="append",
@@ -206,67 +242,59 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    try:
+        config = _config(args, environ)
+    except ValueError as exc:
+        print(f"avatar-rtc: error: {exc}", file=sys.stderr)
+        return 2
+    workers = args.workers or cores()
+    if not 1 <= workers <= 256:
+        print("avatar-rtc: error: --workers must be 0..256", file=sys.stderr)
+        return 2
+    if workers > 1:
+        # The front loads no models: the first worker checks the portrait and the ICE
+        # servers, and its error (exit 2) stops start-up as it would here.
+        from rtc_server.workers.front import run_front
+
+        return run_front(config, workers=workers, verbose=args.verbose)
+    return _serve_alone(config)
+
+
+def cores() -> int:
+    """CPUs this process may run on (a container's CPU set, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def prepare(config: ServerConfig) -> EngineFactory:
+    """What a server checks before serving: the ICE servers, the portrait (the engine factory).
+
+    Raises ValueError or ``musetalk_core.avatar.AvatarError`` with a message for the user.
+    """
+    from rtc_server.engines import load_engine_factory
+    from rtc_server.ice import IceServers
+
+    IceServers.from_config(config.ice_servers)  # a malformed --ice-server stops here
+    # Prepared here, before serving, so a bad portrait stops start-up with its reason.
+    return load_engine_factory(config)
+
+
+def _serve_alone(config: ServerConfig) -> int:
     import asyncio
 
     from musetalk_core.avatar import AvatarError
     from rtc_server.app import create_app
-    from rtc_server.engines import load_engine_factory
-    from rtc_server.ice import IceServers
     from rtc_server.serving import serve
 
     try:
-        config = ServerConfig(
-            host=args.host,
-            port=args.port,
-            avatar=args.avatar,
-            engine=args.engine,
-            weights_dir=args.weights_dir,
-            musetalk_device=args.musetalk_device,
-            musetalk_batch=args.musetalk_batch,
-            musetalk_compile=args.musetalk_compile,
-            ice_addresses=tuple(args.ice_address or _env_list(environ, "ice-address")),
-            ice_servers=tuple(args.ice_server or _env_list(environ, "ice-server")),
-            max_sessions=args.max_sessions,
-            cache_dir=args.cache_dir or default_cache_dir(),
-            cert_file=args.cert_file,
-            key_file=args.key_file,
-            allowed_origins=tuple(args.allowed_origin or _env_list(environ, "allowed-origin")),
-            api_key=args.api_key or None,
-            max_call_s=args.max_call_s,
-            rate_limit_per_min=args.rate_limit_per_min,
-            idle_timeout_s=args.idle_timeout_s,
-            max_say_chars=args.max_say_chars,
-            drain_timeout_s=args.drain_timeout_s,
-            turn_secret=args.turn_secret or None,
-            turn_urls=tuple(args.turn_url or _env_list(environ, "turn-url")),
-            turn_ttl_s=args.turn_ttl_s,
-            public_address=args.public_address or None,
-            stt=args.stt,
-            llm=args.llm,
-            tts=args.tts,
-            openai_api_key=environ.get("OPENAI_API_KEY") or None,
-            openai_base_url=environ.get("OPENAI_BASE_URL") or None,
-            elevenlabs_api_key=environ.get("ELEVENLABS_API_KEY") or None,
-            elevenlabs_base_url=environ.get("ELEVENLABS_BASE_URL") or None,
-            llm_model=args.llm_model,
-            max_tokens=args.max_tokens,
-            system_prompt=args.system_prompt,
-            openai_tts_voice=args.openai_tts_voice,
-            elevenlabs_voice=args.elevenlabs_voice,
-            vad_hangover_ms=args.vad_hangover_ms,
-            barge_in=not args.no_barge_in,
-        )
-        IceServers.from_config(config.ice_servers)  # a malformed --ice-server stops here
-        # Prepared here, before serving, so a bad portrait stops start-up with its reason.
-        factory = load_engine_factory(config)
+        factory = prepare(config)
     except (ValueError, AvatarError) as exc:
         print(f"avatar-rtc: error: {exc}", file=sys.stderr)
         return 2
-    ssl_context = None
-    if config.cert_file is not None and config.key_file is not None:
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(config.cert_file, config.key_file)
-    _quiet_telemetry()
+    ssl_context = server_ssl_context(config)
+    quiet_telemetry()
     app = create_app(config, engine_loader=lambda: factory)
     scheme = "https" if ssl_context else "http"
     url = f"{scheme}://{config.host}:{config.port}"
@@ -284,7 +312,62 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 0
 
 
-def _quiet_telemetry() -> None:
+def server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
+    if config.cert_file is None or config.key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.cert_file, config.key_file)
+    return context
+
+
+def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        avatar=args.avatar,
+        engine=args.engine,
+        weights_dir=args.weights_dir,
+        musetalk_device=args.musetalk_device,
+        musetalk_batch=args.musetalk_batch,
+        musetalk_compile=args.musetalk_compile,
+        ice_addresses=tuple(args.ice_address or _env_list(environ, "ice-address")),
+        ice_servers=tuple(args.ice_server or _env_list(environ, "ice-server")),
+        max_sessions=args.max_sessions,
+        headroom=not args.no_headroom,
+        cpu_limit=args.cpu_limit,
+        piper_deterministic=args.piper_deterministic,
+        cache_dir=args.cache_dir or default_cache_dir(),
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+        allowed_origins=tuple(args.allowed_origin or _env_list(environ, "allowed-origin")),
+        api_key=args.api_key or None,
+        max_call_s=args.max_call_s,
+        rate_limit_per_min=args.rate_limit_per_min,
+        idle_timeout_s=args.idle_timeout_s,
+        max_say_chars=args.max_say_chars,
+        drain_timeout_s=args.drain_timeout_s,
+        turn_secret=args.turn_secret or None,
+        turn_urls=tuple(args.turn_url or _env_list(environ, "turn-url")),
+        turn_ttl_s=args.turn_ttl_s,
+        public_address=args.public_address or None,
+        stt=args.stt,
+        llm=args.llm,
+        tts=args.tts,
+        openai_api_key=environ.get("OPENAI_API_KEY") or None,
+        openai_base_url=environ.get("OPENAI_BASE_URL") or None,
+        elevenlabs_api_key=environ.get("ELEVENLABS_API_KEY") or None,
+        elevenlabs_base_url=environ.get("ELEVENLABS_BASE_URL") or None,
+        llm_model=args.llm_model,
+        max_tokens=args.max_tokens,
+        system_prompt=args.system_prompt,
+        openai_tts_voice=args.openai_tts_voice,
+        elevenlabs_voice=args.elevenlabs_voice,
+        vad_hangover_ms=args.vad_hangover_ms,
+        barge_in=not args.no_barge_in,
+    )
+
+
+def quiet_telemetry() -> None:
     # onnxruntime (Piper) otherwise looks up a telemetry host: offline means nothing leaves.
     try:
         import onnxruntime
@@ -425,16 +508,20 @@ def _doctor() -> int:
     return 0
 
 
+def configure_logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 1 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if verbose < 2:
+        for noisy in ("aioice", "aiortc", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     args = build_parser(environ).parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.verbose < 2:
-        for noisy in ("aioice", "aiortc", "aiohttp.access"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     if args.command == "serve":
         return _serve(args, environ)
     if args.command == "prepare-avatar":

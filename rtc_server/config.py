@@ -38,6 +38,17 @@ class ServerConfig:
     ice_servers: tuple[str, ...] = ()
     """STUN/TURN URLs (turn:user:password@host:port); none by default, nothing leaves the host."""
     max_sessions: int = 8
+    headroom: bool = True
+    """Refuse a new call (503 at_capacity) when this process has no headroom left for it:
+    event-loop lag, CPU plus the measured cost of a call, engines not keeping up."""
+    cpu_limit: float | None = None
+    """Cores this process may use for calls; None: 90 % of its share of the machine."""
+    still_repeat_s: float = 0.25
+    """While the avatar is idle and its picture does not change, a video frame goes out only
+    this often (0: every frame, 25 fps always)."""
+    piper_deterministic: bool = False
+    """The local voice without its sampled variation: the same text always gives the same
+    audio (tests and benchmarks compare a reply with the same sentence alone)."""
     connect_timeout_s: float = 30.0
     cache_dir: Path = field(default_factory=default_cache_dir)
     cert_file: Path | None = None

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from rtc_server.headroom import Headroom
 
 
 class Metrics:
@@ -21,8 +26,9 @@ class Metrics:
         )
         self.video_frames_late = Counter(
             "avatar_rtc_video_frames_late",
-            "Frame instants the media path missed: 'filler' when the engine had no frame ready, "
-            "'dropped' when the video track fell behind the clock.",
+            "Frame instants the media path missed: 'held' when the engine had no frame ready for "
+            "a speech instant (the last image was shown), 'dropped' when the video track fell "
+            "behind the clock.",
             ["reason"],
             registry=self.registry,
         )
@@ -39,6 +45,33 @@ class Metrics:
             buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0),
             registry=self.registry,
         )
+        self.calls_refused = Counter(
+            "avatar_rtc_calls_refused",
+            "Offers refused with 503 at_capacity, by what was full.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.loop_lag = Gauge(
+            "avatar_rtc_event_loop_lag_seconds",
+            "Median of the event loop's wake-up lag over the last 5 s.",
+            registry=self.registry,
+        )
+        self.cpu_cores = Gauge(
+            "avatar_rtc_cpu_cores",
+            "Cores this process used over the last 5 s.",
+            registry=self.registry,
+        )
+        self.call_cpu_cores = Gauge(
+            "avatar_rtc_call_cpu_cores",
+            "Cores one call costs, as this process measured it (a prior until measured).",
+            registry=self.registry,
+        )
         self.utterances = Counter(
             "avatar_rtc_utterances", "Say requests accepted.", registry=self.registry
         )
+
+    def observe_load(self, headroom: Headroom) -> None:
+        """Set the load gauges from what ``headroom`` measured."""
+        self.loop_lag.set(headroom.loop_lag_s)
+        self.cpu_cores.set(headroom.cpu_cores)
+        self.call_cpu_cores.set(headroom.call_cpu)

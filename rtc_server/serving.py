@@ -23,13 +23,18 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 async def serve(
     app: web.Application,
     *,
-    host: str,
-    port: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
     drain_timeout_s: float,
+    path: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
     on_started: Callable[[], None] | None = None,
 ) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, drain its calls, then clean up and return."""
+    """Serve ``app`` until SIGTERM/SIGINT, drain its calls, then clean up and return.
+
+    ``path``: listen on this unix socket instead of ``host``:``port`` (a worker behind the
+    front of ``--workers N``, rtc_server/workers/).
+    """
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
     loop = asyncio.get_running_loop()
@@ -44,7 +49,11 @@ async def serve(
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal)
     try:
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        site: web.BaseSite
+        if path is not None:
+            site = web.UnixSite(runner, path)
+        else:
+            site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
         if on_started is not None:
             on_started()

@@ -23,7 +23,7 @@ from rtc_server.media.clock import MonotonicClock
 from rtc_server.media.fallback import ResilientEngine
 from rtc_server.media.inbound import MicDownsampler
 from rtc_server.media.scheduler import AVScheduler, Unit
-from rtc_server.media.tracks import AvatarAudioTrack, AvatarVideoTrack
+from rtc_server.media.tracks import STILL_REPEAT_S, AvatarAudioTrack, AvatarVideoTrack
 from rtc_server.metrics import Metrics
 from rtc_server.providers.base import LLM, STT, TTS, ProviderError
 from rtc_server.sentences import SentenceSplitter, bounded_pieces
@@ -95,6 +95,7 @@ class AvatarSession:
         max_call_s: float | None = None,
         idle_timeout_s: float | None = None,
         peer_silence_s: float | None = PEER_SILENCE_S,
+        still_repeat_s: float = STILL_REPEAT_S,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.pc = pc
@@ -111,7 +112,7 @@ class AvatarSession:
             on_behind=self._engine_behind,
         )
         self.audio_track = AvatarAudioTrack(self.clock, self.scheduler)
-        self.video_track = AvatarVideoTrack(self.clock, self.scheduler)
+        self.video_track = AvatarVideoTrack(self.clock, self.scheduler, still_repeat_s)
         self.speech = SpeechOutput(self.scheduler, executor)
         if isinstance(engine, ResilientEngine):
             engine.on_failure = lambda exc: self._engine_failed(engine, exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,11 @@ from aiohttp import web
 from rtc_server.app import MANAGER, SessionManager, create_app
 from rtc_server.config import ServerConfig
 from rtc_server.engines import EngineFactory, load_engine_factory
+
+# Servers the tests start (`avatar-rtc serve` subprocesses) are single processes, as before
+# `--workers`: its default (one per core) would load the models once per core for each.
+# tests/test_workers.py asks for its workers with `--workers 2`.
+os.environ.setdefault("AVATAR_RTC_WORKERS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +44,8 @@ class LiveServer:
 async def start_server(
     engine_factory: EngineFactory, cache_dir: Path, **config: object
 ) -> tuple[LiveServer, web.AppRunner]:
+    # The same text always gives the same audio: what a test hears does not vary run to run.
+    config.setdefault("piper_deterministic", True)
     cfg = ServerConfig(cache_dir=cache_dir, ice_addresses=("127.0.0.1",), port=8080, **config)  # type: ignore[arg-type]
     app = create_app(cfg, engine_loader=lambda: engine_factory)
     runner = web.AppRunner(app, access_log=None)

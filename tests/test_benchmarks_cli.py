@@ -101,8 +101,36 @@ def test_bench_browser(tmp_path: Path) -> None:
 
 
 def test_bench_load(tmp_path: Path) -> None:
-    r = _run(tmp_path, "load", "--max-calls", "1")
+    # One light call against a spawned server, with a known hole put into its reply: the
+    # figures are there, the hole is found and the step is not smooth. No speed claim.
+    r = _run(
+        tmp_path,
+        "load",
+        "--max-calls",
+        "1",
+        "--baseline-turns",
+        "1",
+        "--idle-s",
+        "2",
+        "--inject-hole-ms",
+        "400",
+    )
+    one = r["one_call"]
+    assert one["latency_ms"] > 0 and one["speech_ms"] > 1000 and one["turn_s"] > 1
+    assert r["turns"] == "simultaneous" and r["max_calls_tried"] == 1
     step = r["steps"][0]
-    assert step["calls"] == 1 and step["latency_ms"]["n"] == 1
-    assert 35 < step["worst_mean_interval_ms"] < 45  # 25 fps pacing, not a speed claim
-    assert r["largest_smooth_calls"] == (1 if step["smooth"] else 0)
+    assert step["calls"] == 1 and step["failed_calls"] == 0 and step["latency_ms"]["n"] == 1
+    (caller,) = step["callers"]
+    assert caller["failed"] is None and caller["latency_ms"] > 0
+    assert caller["stretch_ms"] is not None
+    # Frames counted by RTP arrival, not decoded: 25 fps pacing.
+    assert caller["frame_interval_ms"]["n"] > 50
+    assert 30 < step["frame_interval_ms"]["p50"] < 50
+    assert sum(h["ms"] for h in caller["holes"]) >= 300
+    assert step["audio_holes"] >= 1 and not step["smooth"]
+    assert any("audio hole" in why for why in step["not_smooth_because"])
+    assert r["largest_smooth_calls"] == 0
+    assert step["server_cpu_idle_pct_per_call"] > 0
+    assert step["server_cpu_speaking_pct_per_call"] > 0
+    assert step["server_cpu_turns_pct_per_call"] > 0
+    assert step["server_rss_mb"] > 50 and step["client_cpu_pct_per_call"] > 0

@@ -39,6 +39,8 @@ async def _get(url: str) -> tuple[int, dict, dict]:  # type: ignore[type-arg]
 
 
 async def _frames_keep_coming(caller: CallClient, seconds: float = 1.0) -> int:
+    """Video frames received over ``seconds``. An idle avatar's still picture is sent every
+    0.25 s (rtc_server/media/tracks.py STILL_REPEAT_S): 4 a second."""
     before = len(caller.received.video)
     await asyncio.sleep(seconds)
     return len(caller.received.video) - before
@@ -63,7 +65,7 @@ async def test_sigterm_lets_running_calls_finish_then_exits(
     try:
         await caller.connect()
         await caller.wait_channel_open()
-        assert await _frames_keep_coming(caller) > 10
+        assert await _frames_keep_coming(caller) >= 3
 
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -82,7 +84,7 @@ async def test_sigterm_lets_running_calls_finish_then_exits(
                 assert int(resp.headers["Retry-After"]) >= 1
 
         # The running call goes on: video arrives, and a say is spoken.
-        assert await _frames_keep_coming(caller) > 10
+        assert await _frames_keep_coming(caller) >= 3
         await caller.say("Still here while the server drains.")
         await caller.wait_state("speaking", 10)
         assert process.returncode is None

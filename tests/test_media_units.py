@@ -13,7 +13,8 @@ from aiortc.codecs.h264 import H264Encoder
 
 import rtc_server.ice
 from rtc_server.ice import parse_ice_server, restrict_host_addresses, rtc_configuration
-from rtc_server.media.h264 import TunedH264Encoder, X264Settings, use_tuned_encoder
+from rtc_server.media.aiortc_compat import set_sender_encoder
+from rtc_server.media.h264 import TunedH264Encoder, X264Settings
 from rtc_server.media.resample import resample_int16
 
 
@@ -85,9 +86,12 @@ def test_tuned_encoder_uses_our_x264_settings() -> None:
     default_sei = _sei(H264Encoder(), frames)
     # x264 writes its options into the first frame's SEI.
     assert "subme=7" in default_sei and "ref=3" in default_sei
-    # veryfast: subme 2, one reference frame; one thread; the 10 s keyframe interval kept.
-    assert "subme=2" in tuned_sei and "ref=1" in tuned_sei
+    # ultrafast: subme 0, one reference frame; one thread; the 10 s keyframe interval kept.
+    assert "subme=0" in tuned_sei and "ref=1" in tuned_sei
     assert "threads=1" in tuned_sei and "keyint=250" in tuned_sei
+    # Constant quality, capped at the sender's target bitrate (aiortc's default 1 Mbit/s).
+    assert "rc=crf" in tuned_sei and "crf=16.0" in tuned_sei
+    assert "vbv_maxrate=1000" in tuned_sei and "vbv_bufsize=500" in tuned_sei
 
 
 def _nal_types(payload: bytes) -> list[int]:
@@ -118,12 +122,12 @@ def test_tuned_encoder_keyframe_interval_and_timing_hook() -> None:
     assert len(seconds) == 30 and all(s >= 0 for s in seconds)
 
 
-async def test_use_tuned_encoder_is_kept_by_the_sender() -> None:
+async def test_a_preset_encoder_is_kept_by_the_sender() -> None:
     pc = RTCPeerConnection()
     try:
         transceiver = pc.addTransceiver("video", direction="sendonly")
         encoder = TunedH264Encoder()
-        use_tuned_encoder(transceiver.sender, encoder)
+        set_sender_encoder(transceiver.sender, encoder)
         # aiortc only creates its own encoder when none is set (rtcrtpsender._next_encoded_frame).
         assert transceiver.sender._RTCRtpSender__encoder is encoder  # type: ignore[attr-defined]
         assert isinstance(transceiver.sender, RTCRtpSender)
@@ -167,3 +171,14 @@ def test_microphone_downsampling_keeps_duration_and_pitch() -> None:
     assert abs(len(pcm) - 16_000) <= 64  # the filter's delay, nothing like a wrong ratio
     spectrum = np.abs(np.fft.rfft(pcm.astype(np.float32)))
     assert abs(np.argmax(spectrum) * 16_000 / len(pcm) - 440) < 3
+
+
+def test_the_numpy_audio_level_is_aiortcs() -> None:
+    from rtc_server.media.aiortc_compat import AIORTC_AUDIO_LEVEL as original
+    from rtc_server.media.aiortc_compat import audio_level_dbov
+
+    rng = np.random.default_rng(3)
+    for scale in (0, 1, 30, 1000, 20000, 32767):
+        pcm = (rng.standard_normal(960) * scale).clip(-32768, 32767).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        assert audio_level_dbov(frame) == original(frame), scale

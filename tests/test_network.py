@@ -448,7 +448,8 @@ async def test_relay_rewrites_candidates_and_replays_its_schedule() -> None:
 
 @pytest.fixture
 async def net_call(cache_dir: Path) -> AsyncIterator[NetCall]:
-    server, runner = await start_server(sync_test_factory(), cache_dir)
+    # Every instant sent, still or not: these calls measure a full-rate stream through loss.
+    server, runner = await start_server(sync_test_factory(), cache_dir, still_repeat_s=0.0)
     relay = NetRelay(seed=SEED)
     client = NetCaller(server.url)
     watcher: asyncio.Future[None] | None = None

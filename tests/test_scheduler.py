@@ -31,8 +31,8 @@ def _speech(frames: int, seed: int = 1) -> np.ndarray:
 class GatedEngine:
     """Speaking frames only when the test releases them; idle frames otherwise.
 
-    Frame images carry the (segment, index) they show in their first two pixels, so a test can
-    see which piece's picture went out at which instant.
+    A speech image carries the first sample of the audio it shows in its first pixels, so a
+    test can tell which piece's picture went out at which instant (see ``_shows``).
     """
 
     def __init__(self) -> None:
@@ -70,19 +70,26 @@ class GatedEngine:
             if piece is None:
                 continue
             image = np.full((4, 4, 3), 255, np.uint8)
-            image[0, 0, 0], image[0, 1, 0] = piece.segment_id, piece.index
+            first = int(piece.pcm[0])
+            image[0, 0, 0], image[0, 1, 0], image[0, 2, 0] = (
+                piece.segment_id,
+                first // 256,
+                first % 256,
+            )
             yield AvatarFrame(image, AudioChunk(piece.pcm, 48_000), True, piece.segment_id)
 
     async def aclose(self) -> None:
         self.closed = True
 
 
-def _shows(image: np.ndarray | None) -> tuple[int, int] | None:
-    """The (segment, index) a GatedEngine speech image shows; None for idle images."""
+def _shows(image: np.ndarray | None, speech: np.ndarray) -> tuple[int, int] | None:
+    """The (segment, piece) a GatedEngine speech image shows; None for idle images."""
     assert image is not None
     if image[1, 1, 0] != 255:
         return None
-    return int(image[0, 0, 0]), int(image[0, 1, 0])
+    first = int(image[0, 1, 0]) * 256 + int(image[0, 2, 0])
+    starts = [int(speech[j * N]) for j in range(len(speech) // N)]
+    return int(image[0, 0, 0]), starts.index(first)
 
 
 def test_fakes_satisfy_the_protocol() -> None:
@@ -149,35 +156,41 @@ async def test_speech_plays_whole_when_the_engine_renders_none_of_it() -> None:
     await scheduler.aclose()
 
 
-async def test_a_late_engine_is_held_then_skips_ahead_into_sync() -> None:
+async def test_a_late_engine_is_held_then_moved_ahead_into_sync() -> None:
     engine = GatedEngine()
     clock = ManualClock()
     scheduler = AVScheduler(engine, clock)
     scheduler.start()
-    await scheduler.push_audio(AudioChunk(_speech(12), 48_000), 0)
+    speech = _speech(14)
+    await scheduler.push_audio(AudioChunk(speech, 48_000), 0)
     await scheduler.end_segment(0)
     await _settle()
     shown: list[tuple[int, int] | None] = []
+
+    async def frame(k: int) -> None:
+        clock.advance(1 / 25)
+        shown.append(_shows(scheduler.unit(k, "video").image, speech))
+        await _settle()  # a frame period: the engine renders on into the room made
+
     # Pieces 0-1 are rendered in time; then the engine stalls for 4 units; then it renders
     # everything it owes at once (a burst of slowness, then catching up).
     engine.release(2)
     await _settle()
-    for k in range(1, 3):
-        shown.append(_shows(scheduler.unit(k, "video").image))
-    for k in range(3, 7):
-        shown.append(_shows(scheduler.unit(k, "video").image))
-    engine.release(12)
+    for k in range(1, 7):
+        await frame(k)
+    engine.release(20)
     await _settle(200)
-    for k in range(7, 13):
-        shown.append(_shows(scheduler.unit(k, "video").image))
-        await _settle()  # a frame period: the engine renders on into the room made
-    # Units 1-2 show pieces 0-1; units 3-6 hold piece 1's image; pieces 2-5 arrive too late
-    # and are dropped; from unit 7 on every unit shows its own piece again: back in sync.
+    for k in range(7, 14):
+        await frame(k)
+    # Units 1-2 show pieces 0-1; units 3-6 hold piece 1's image. Piece 2 then arrives four
+    # instants late: the engine is moved ahead to the clock (speech from piece 7 on, the
+    # first instant it can still make), unit 7 holds, and from unit 8 on every unit shows its
+    # own piece again: back in sync.
     assert shown[:2] == [(0, 0), (0, 1)]
-    assert shown[2:6] == [(0, 1)] * 4
-    assert shown[6:] == [(0, k - 1) for k in range(7, 13)]
-    assert scheduler.stats.held_units == 4
-    assert scheduler.stats.stale_frames == 4
+    assert shown[2:7] == [(0, 1)] * 5
+    assert shown[7:] == [(0, k - 1) for k in range(8, 14)]
+    assert scheduler.stats.resyncs == 1 and scheduler.stats.stale_frames == 1
+    assert scheduler.stats.held_units == 5
     await scheduler.aclose()
 
 

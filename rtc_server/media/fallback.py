@@ -112,7 +112,11 @@ class ResilientEngine:
                 pending = self._speech.pending
                 try:
                     if pending:
-                        frame = await asyncio.wait_for(anext(inner), self.stall_s)
+                        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                        # cancellation that arrives as the frame does, and the call's close
+                        # then waits for ever on the scheduler's task.
+                        async with asyncio.timeout(self.stall_s):
+                            frame = await anext(inner)
                     else:
                         frame = await anext(inner)
                 except StopAsyncIteration:

@@ -7,6 +7,8 @@ import numpy as np
 from aiortc import RTCRtpTransceiver
 from aiortc.jitterbuffer import JitterBuffer
 
+from rtc_server.media.aiortc_compat import set_receiver_jitter_buffer
+
 MIC_PREFETCH = 1
 """Packets aiortc waits for after an audio frame before releasing it (its default is 4)."""
 
@@ -16,14 +18,11 @@ def low_latency_audio(transceiver: RTCRtpTransceiver, prefetch: int = MIC_PREFET
 
     aiortc's audio jitter buffer is sized for playing audio out smoothly: it holds 80 ms. We
     only listen (VAD, STT, barge-in), where every millisecond held is reaction time lost, and
-    a late or reordered packet costs a 20 ms glitch in what the VAD hears, nothing more. The
-    attribute is private to aiortc 1.x; a test pins it.
+    a late or reordered packet costs a 20 ms glitch in what the VAD hears, nothing more.
     """
     if transceiver.kind != "audio":
         raise ValueError("low_latency_audio is for audio receivers")
-    transceiver.receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(  # type: ignore[attr-defined]
-        capacity=16, prefetch=prefetch
-    )
+    set_receiver_jitter_buffer(transceiver, JitterBuffer(capacity=16, prefetch=prefetch))
 
 
 class MicDownsampler:

@@ -62,6 +62,8 @@ class SchedulerStats:
     video_sent: int = 0
     video_dropped: int = 0
     """Video frames skipped because the video track fell behind the clock."""
+    video_still: int = 0
+    """Idle instants not sent because the picture had not changed (see tracks.py)."""
 
 
 @dataclass(slots=True)
@@ -156,12 +158,15 @@ class AVScheduler:
         """Start a run of speech ``engine.latency`` from now, unless one is running."""
         if self._speech_from is not None or not self._speech.pending:
             return
-        due = (self.clock.now() + max(0.0, self.engine.latency)) * self.fps
-        start = math.ceil(due - 1e-6)  # 0.24 s * 25 is unit 6, not 6.000000000000001
-        self._speech_from = max(start, self._next_unit)
+        self._speech_from = max(self._ready_unit(), self._next_unit)
         # Idle frames rendered ahead would be stale once the speech is over.
         self._idle.clear()
         self._space.set()
+
+    def _ready_unit(self) -> int:
+        """The first instant a frame the engine starts on now can be ready for."""
+        due = (self.clock.now() + max(0.0, self.engine.latency)) * self.fps
+        return math.ceil(due - 1e-6)  # 0.24 s * 25 is instant 6, not 6.000000000000001
 
     def clear(self) -> None:
         """Barge-in: queued speech and frames rendered ahead are dropped; the next unit is idle."""
@@ -247,7 +252,7 @@ class AVScheduler:
         self.stats.resyncs += 1
         if self.stats.resyncs == 1 and self._on_behind is not None:
             self._on_behind()
-        first = math.ceil((now + max(0.0, self.engine.latency)) * self.fps) + 1
+        first = self._ready_unit() + 1
         playing_from = max(self._next_unit, self._speech_from or 0)
         skip = max(0, first - playing_from)
         self.engine.clear()
@@ -370,6 +375,11 @@ class AVScheduler:
                 if i < video and u.image is not None and u.image is not last:
                     u.image = last
 
+    def note_still(self, dropped: int) -> None:
+        """The video track skipped an idle instant whose picture had not changed."""
+        self.stats.video_still += 1
+        self.stats.video_dropped += dropped
+
     def note_video(self, dropped: int) -> None:
         """The video track sent one frame after skipping ``dropped`` late ones."""
         self.stats.video_sent += 1
@@ -378,8 +388,13 @@ class AVScheduler:
             self._on_video(dropped, False)
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is None:
+            return
+        # An engine may swallow one cancellation (a library's own wait racing it): cancel
+        # again until the task is done, so closing a call never hangs on its engine.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            task.result()

@@ -51,31 +51,60 @@ class AvatarAudioTrack(MediaStreamTrack):
         return frame
 
 
+STILL_REPEAT_S = 0.25
+"""While the avatar is idle and its picture does not change, a frame goes out this often only.
+The receiver keeps showing the last frame; each repeat costs an x264 encode of ~3-4 ms and its
+packets, so a still avatar costs a sixth of what 25 fps would. A repeat at least this often
+bounds how long a receiver that lost a packet waits for the frame that repairs it."""
+
+
 class AvatarVideoTrack(MediaStreamTrack):
-    """fps video; a frame that is late for its instant is dropped, never the audio."""
+    """fps video; a frame that is late for its instant is dropped, never the audio.
+
+    Idle instants whose image is the very frame sent last are skipped for up to
+    ``STILL_REPEAT_S`` (an unchanged picture is the same array: engines and the scheduler's
+    held image reuse it). Speech instants always go out, so a talking face stays at fps.
+    """
 
     kind = "video"
 
-    def __init__(self, clock: MonotonicClock, scheduler: AVScheduler) -> None:
+    def __init__(
+        self,
+        clock: MonotonicClock,
+        scheduler: AVScheduler,
+        still_repeat_s: float = STILL_REPEAT_S,
+    ) -> None:
         super().__init__()
         self._clock = clock
         self._scheduler = scheduler
         self._next = 0
         scheduler.register("video")
         self._ticks = VIDEO_RATE // scheduler.fps
+        self._still_units = max(1, round(still_repeat_s * scheduler.fps))
+        self._last_image: object = None
+        self._last_sent = -self._still_units
 
     async def recv(self) -> av.VideoFrame:
         if self.readyState != "live":
             raise MediaStreamError
         fps = self._scheduler.fps
-        # Skip to the current instant when the sender fell behind (slow encode, busy loop).
-        current = math.floor(self._clock.now() * fps) if self._clock.started else 0
-        index = max(self._next, current)
-        self._scheduler.note_video(index - self._next)
-        self._next = index + 1
-        await self._clock.sleep_until(index / fps)
-        image = self._scheduler.unit(index, "video").image
-        assert image is not None  # resolved for the video track
+        while True:
+            # Skip to the current instant when the sender fell behind (slow encode, busy loop).
+            current = math.floor(self._clock.now() * fps) if self._clock.started else 0
+            index = max(self._next, current)
+            dropped = index - self._next
+            self._next = index + 1
+            await self._clock.sleep_until(index / fps)
+            unit = self._scheduler.unit(index, "video")
+            image = unit.image
+            assert image is not None  # resolved for the video track
+            still = image is self._last_image and not unit.speaking
+            if still and index - self._last_sent < self._still_units:
+                self._scheduler.note_still(dropped)
+                continue
+            break
+        self._scheduler.note_video(dropped)
+        self._last_image, self._last_sent = image, index
         frame = av.VideoFrame.from_ndarray(image, format="rgb24")
         frame.pts = index * self._ticks
         frame.time_base = VIDEO_TIME_BASE

@@ -82,7 +82,7 @@ def load_providers(
     stt_choice, llm_choice, tts_choice = choose(config)
     key = config.openai_api_key or ""
     base = config.openai_base_url or OPENAI_BASE_URL
-    local_tts = PiperTTS.load(executor)
+    local_tts = PiperTTS.load(executor, deterministic=config.piper_deterministic)
     policy = HTTPPolicy(
         max_attempts=config.provider_attempts,
         backoff_initial_s=config.provider_backoff_s,

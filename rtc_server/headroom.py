@@ -1,0 +1,190 @@
+"""Admission by headroom: take a new call only while the running ones stay in real time.
+
+A process measures itself: how late its event loop wakes up (every media packet of every call
+goes through that loop), how much CPU it uses, and how much of that each call costs. A new call
+is refused with ``503 at_capacity`` and ``Retry-After`` when
+
+- the loop is already late most of the time (median lag over the last window above
+  ``lag_limit_s``: the calls it carries are at the edge of real time; a single hiccup, such as
+  a call being set up, does not count), or
+- the CPU it uses plus what one more call is measured to cost would pass ``cpu_limit`` cores, or
+- the lip-sync engines are not keeping up (the share of speech instants whose frame was not
+  ready, over the window, above ``held_limit``).
+
+The per-call cost is learned from the process itself: CPU above the idle baseline, divided by
+the calls it carries, smoothed; until it has been measured a prior is used (``prior_call_cpu``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Headroom", "HeadroomSettings", "Refusal"]
+
+
+@dataclass(frozen=True, slots=True)
+class HeadroomSettings:
+    cpu_limit: float
+    """Cores this process may use before it takes no more calls."""
+    lag_limit_s: float = 0.020
+    """Event-loop lag (median over the window) above which the process takes no more calls."""
+    held_limit: float = 0.10
+    """Share of speech instants without their frame above which it takes no more calls."""
+    prior_call_cpu: float = 0.15
+    """Cores one call is taken to cost until the process has measured it."""
+    window_s: float = 5.0
+    interval_s: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str
+    retry_after_s: int
+
+
+class Headroom:
+    """Samples this process's loop lag and CPU; answers whether one more call fits."""
+
+    def __init__(self, settings: HeadroomSettings) -> None:
+        self.settings = settings
+        samples = max(1, round(settings.window_s / settings.interval_s))
+        self._lags: collections.deque[float] = collections.deque(maxlen=samples)
+        self._cpu: collections.deque[tuple[float, float, int]] = collections.deque()
+        """(monotonic time, process CPU seconds, calls) samples over the window."""
+        self._speech: collections.deque[tuple[float, int, int]] = collections.deque()
+        """(monotonic time, speech instants, held instants) totals over the window."""
+        self._idle_cpu: float | None = None
+        """Cores the process uses with no call (smoothed)."""
+        self._call_cpu: float | None = None
+        """Cores one call costs (smoothed)."""
+        self._task: asyncio.Task[None] | None = None
+        self._speech_totals: Callable[[], tuple[int, int]] | None = None
+        self.calls = 0
+
+    @staticmethod
+    def default_cpu_limit(workers: int = 1) -> float:
+        """90 % of this process's share of the machine's cores, at most one event loop's worth
+        plus the threads that encode and render beside it."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        return 0.9 * max(1.0, cores / max(1, workers))
+
+    def start(self, speech_totals: Callable[[], tuple[int, int]] | None = None) -> None:
+        """Sample from now on; ``speech_totals`` gives (speech instants, held) over all calls."""
+        self._speech_totals = speech_totals
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="headroom")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        interval = self.settings.interval_s
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(interval)
+            self._lags.append(max(0.0, time.monotonic() - before - interval))
+            self._sample_cpu()
+            if self._speech_totals is not None:
+                self.note_speech(*self._speech_totals())
+
+    def _sample_cpu(self) -> None:
+        now = time.monotonic()
+        self._cpu.append((now, time.process_time(), self.calls))
+        while self._cpu and now - self._cpu[0][0] > self.settings.window_s:
+            self._cpu.popleft()
+        if len(self._cpu) < 2 or now - self._cpu[0][0] < self.settings.window_s / 2:
+            return
+        t0, c0, calls0 = self._cpu[0]
+        cores = (time.process_time() - c0) / (now - t0)
+        if any(calls != calls0 for _, _, calls in self._cpu):
+            return  # calls came or went during the window: no clean figure
+        if calls0 == 0:
+            self._idle_cpu = _smooth(self._idle_cpu, cores)
+        elif self._idle_cpu is not None:
+            self._call_cpu = _smooth(self._call_cpu, max(0.0, cores - self._idle_cpu) / calls0)
+
+    def note_speech(self, instants: int, held: int) -> None:
+        """Running totals of speech instants presented and held, over all calls."""
+        now = time.monotonic()
+        self._speech.append((now, instants, held))
+        while self._speech and now - self._speech[0][0] > self.settings.window_s:
+            self._speech.popleft()
+
+    @property
+    def loop_lag_s(self) -> float:
+        """Median of the event loop's wake-up lag over the window."""
+        return self.loop_lag_quantile(0.5)
+
+    def loop_lag_quantile(self, q: float) -> float:
+        if not self._lags:
+            return 0.0
+        ordered = sorted(self._lags)
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+    @property
+    def cpu_cores(self) -> float:
+        """Cores this process used over the window."""
+        if len(self._cpu) < 2:
+            return 0.0
+        t0, c0, _ = self._cpu[0]
+        t1, c1, _ = self._cpu[-1]
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+    @property
+    def call_cpu(self) -> float:
+        """Cores one call costs: measured, or the prior until then."""
+        return self._call_cpu if self._call_cpu is not None else self.settings.prior_call_cpu
+
+    @property
+    def held_share(self) -> float:
+        if len(self._speech) < 2:
+            return 0.0
+        _, i0, h0 = self._speech[0]
+        _, i1, h1 = self._speech[-1]
+        return (h1 - h0) / (i1 - i0) if i1 > i0 else 0.0
+
+    def refusal(self) -> Refusal | None:
+        """Why one more call would not fit now, or None if it would. A process with no call
+        always takes one: whatever else runs on the machine, the first call is served."""
+        s = self.settings
+        if self.calls == 0:
+            return None
+        if self.loop_lag_s > s.lag_limit_s:
+            return Refusal(f"the event loop is {self.loop_lag_s * 1000:.0f} ms late", 5)
+        if self.calls and self.held_share > s.held_limit:
+            return Refusal("the lip-sync engine is not keeping up", 5)
+        if self.cpu_cores + self.call_cpu > s.cpu_limit:
+            return Refusal(
+                f"{self.cpu_cores:.2f} cores in use, one more call costs about "
+                f"{self.call_cpu:.2f}, the limit is {s.cpu_limit:.2f}",
+                10,
+            )
+        return None
+
+    def snapshot(self) -> dict[str, float | int | None]:
+        return {
+            "calls": self.calls,
+            "loop_lag_ms": round(self.loop_lag_s * 1000, 1),
+            "loop_lag_p95_ms": round(self.loop_lag_quantile(0.95) * 1000, 1),
+            "cpu_cores": round(self.cpu_cores, 3),
+            "cpu_limit": round(self.settings.cpu_limit, 3),
+            "call_cpu": round(self.call_cpu, 3),
+            "call_cpu_measured": self._call_cpu is not None,
+            "idle_cpu": None if self._idle_cpu is None else round(self._idle_cpu, 3),
+            "held_share": round(self.held_share, 3),
+        }
+
+
+def _smooth(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new

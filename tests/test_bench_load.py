@@ -1,0 +1,162 @@
+"""``bench load``'s measurements on made-up input: holes, pauses, failed calls, CPU per call.
+
+The end-to-end run against a spawned server is ``test_bench_load`` in test_benchmarks_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from benchmarks.analysis import Hole, reply_audio
+from benchmarks.load import (
+    PAUSE_MARGIN_MS,
+    Answer,
+    Reference,
+    holes,
+    speaking_cpu_pct_per_call,
+    summarize_step,
+)
+from benchmarks.procstat import usage
+
+LOUD = (np.sin(np.arange(960) / 5) * 8000).astype(np.int16)
+QUIET = np.zeros(960, np.int16)
+
+
+def _reply(n: int = 50, t0: float = 10.0) -> list[tuple[float, int, np.ndarray]]:
+    """``n`` loud 20 ms frames arriving on time after a second of silence."""
+    lead = [(t0 + i * 0.02, i * 960, QUIET) for i in range(50)]
+    return lead + [(t0 + 1 + i * 0.02, (50 + i) * 960, LOUD) for i in range(n)]
+
+
+def test_a_clean_reply_has_no_hole() -> None:
+    r = reply_audio(_reply(), after=10.5)
+    assert r is not None and r.holes == [] and r.pauses == []
+    assert r.first_loud == 11.0 and abs(r.speech_ms - 1000) < 1
+
+
+def test_nothing_loud_after_the_question_is_no_reply() -> None:
+    assert reply_audio(_reply(), after=20.0) is None
+
+
+def test_missing_late_and_silent_frames_are_found() -> None:
+    frames = _reply()
+    del frames[70:75]  # 5 frames never came: 100 ms, 400 ms into the speech
+    frames = [
+        (a + 0.3, ts, p) if 80 * 960 <= ts < 83 * 960 else (a, ts, p) for a, ts, p in frames
+    ]  # 3 frames 300 ms late: the receiver (80 ms ahead) waits 220 ms, then plays on
+    frames = [(a, ts, QUIET) if 60 * 960 <= ts < 65 * 960 else (a, ts, p) for a, ts, p in frames]
+    r = reply_audio(frames, after=10.5)
+    assert r is not None
+    missing, late = r.holes
+    assert missing == Hole(400.0, 100.0, "missing")
+    assert (late.at_ms, late.kind) == (600.0, "late") and abs(late.ms - 220) < 1
+    assert r.pauses == [Hole(200.0, 100.0, "pause")]
+    assert abs(r.speech_ms - 1220) < 1  # heard 220 ms longer
+
+
+def _ref() -> Reference:
+    return Reference(
+        latency_ms=800.0, speech_ms=2000.0, longest_pause_ms=200.0, turn_s=5.0, clean=True
+    )
+
+
+def test_only_pauses_longer_than_the_reply_alone_are_holes() -> None:
+    short = Hole(100.0, 200.0 + PAUSE_MARGIN_MS, "pause")
+    long = Hole(900.0, 200.0 + PAUSE_MARGIN_MS + 20, "pause")
+    late = Hole(50.0, 40.0, "late")
+    hidden = Hole(500.0, 5.0, "late")
+    answer = Answer(0.0, holes=[late, hidden], pauses=[short, long])
+    assert holes(answer, _ref()) == [late, long]
+
+
+def _answer(latency: float | None, failed: str | None = None) -> Answer:
+    return Answer(0.0, latency_ms=latency, speech_ms=None if failed else 2050.0, failed=failed)
+
+
+def _step(answers: list[Answer], interval_ms: float = 40.0) -> dict:  # type: ignore[type-arg]
+    intervals = [np.full(100, interval_ms) for _ in answers]
+    return summarize_step(len(answers), answers, intervals, _ref(), {"server_rss_mb": None})
+
+
+def test_a_smooth_step() -> None:
+    step = _step([_answer(900.0), _answer(1100.0)])
+    assert step["smooth"] and step["failed_calls"] == 0 and step["audio_holes"] == 0
+    assert step["frame_interval_ms"] == {"p50": 40.0, "p99": 40.0, "max": 40.0}
+    assert step["latency_ms"]["n"] == 2 and step["stretch_ms"]["max"] == 50.0
+
+
+def test_a_caller_without_a_reply_is_a_failed_call_not_a_dropped_one() -> None:
+    step = _step([_answer(900.0), _answer(None, "no reply within 30 s")])
+    assert step["failed_calls"] == 1 and not step["smooth"]
+    assert step["not_smooth_because"] == ["1 call(s) failed"]
+    assert len(step["callers"]) == 2 and step["callers"][1]["failed"] == "no reply within 30 s"
+
+
+def test_slow_replies_and_uneven_frames_are_not_smooth() -> None:
+    step = _step([_answer(1300.0)], interval_ms=70.0)
+    assert step["not_smooth_because"] == [
+        "frame interval p99 over 60 ms",
+        "reply latency over 1200 ms",
+    ]
+
+
+def test_speaking_cpu_per_call_takes_off_the_idle_callers() -> None:
+    # Two calls: one speaks from t=1 to t=3 while the server burns 0.5 core; idle calls cost
+    # 0.1 core each. The speaking call: 0.5 - 0.1 (the other, idle) = 40 % of a core.
+    samples = [(t / 4, 0.5 * t / 4) for t in range(17)]
+    pct = speaking_cpu_pct_per_call(samples, [(1.0, 3.0)], 0.1, 2)
+    assert pct is not None and abs(pct - 40.0) < 1e-6
+    assert speaking_cpu_pct_per_call(samples, [], 0.1, 2) is None
+
+
+def test_usage_counts_the_children() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        u = usage(os.getpid())
+        assert u.processes >= 2 and u.cpu_s > 0 and u.rss_bytes > 10 * 2**20
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_schema_holds_a_load_document_and_catches_a_missing_figure() -> None:
+    schema = json.loads((Path(__file__).parents[1] / "benchmarks" / "schema.json").read_text())
+    step = _step([_answer(900.0), _answer(None, "no reply within 30 s")])
+    step.update(
+        server_cpu_idle_pct_per_call=30.0,
+        server_cpu_speaking_pct_per_call=45.0,
+        server_cpu_turns_pct_per_call=40.0,
+        client_cpu_pct_per_call=11.0,
+    )
+    one = {"latency_ms": 800.0, "speech_ms": 2000.0, "longest_pause_ms": 200.0, "turn_s": 5.0}
+    one["clean"] = True
+    results = {
+        "largest_smooth_calls": 0,
+        "max_calls_tried": 1,
+        "turns": "staggered",
+        "workers": None,
+        "one_call": {**one, "turns": []},
+        "rules": {},
+        "steps": [step],
+    }
+    doc = {
+        "schema": 1,
+        "benchmark": "load",
+        "date": "2026-12-01T00:00:00Z",
+        "machine": {"cpu": "x", "cores": 2, "python": "3.11"},
+        "versions": {"aiortc": "1", "av": "1", "numpy": "1"},
+        "settings": {},
+        "results": json.loads(json.dumps(results)),
+    }
+    jsonschema.validate(doc, schema)
+    del doc["results"]["steps"][0]["callers"][0]["holes"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, schema)
