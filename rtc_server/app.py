@@ -79,6 +79,8 @@ class SessionManager:
             HeadroomSettings(cpu_limit=config.cpu_limit or Headroom.default_cpu_limit())
         )
         """What this process measures of its own load; refuses calls it has no room for."""
+        self._ended_speech = (0, 0)
+        """Speech instants presented and held by calls that have ended."""
         self._pending = 0
         self.memory = MemoryReleaser(executor, lambda: not self.sessions and not self._pending)
         """Gives the heap of ended calls back to the OS (rtc_server/memory.py)."""
@@ -126,7 +128,10 @@ class SessionManager:
                 headers={"Retry-After": "5"},
             )
         self.headroom.calls = len(self.sessions) + self._pending
-        refusal = self.headroom.refusal() if self.config.headroom else None
+        # Engines that hold frames predict a new call's only where the calls share the
+        # engine (MuseTalk batches every call on one GPU); a CPU engine is one per call.
+        shared = self.engine_factory.name == "musetalk"
+        refusal = self.headroom.refusal(engine_shared=shared) if self.config.headroom else None
         if refusal is not None:
             self.metrics.calls_refused.labels("headroom").inc()
             logger.warning("call refused: %s", refusal.reason)
@@ -201,14 +206,21 @@ class SessionManager:
 
     async def _forget(self, session: AvatarSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
+            stats = session.scheduler.stats
+            spoken, held = self._ended_speech
+            self._ended_speech = (spoken + stats.speaking_units, held + stats.held_units)
             self.headroom.calls = len(self.sessions)
             self.metrics.sessions.set(len(self.sessions))
             self.memory.release_soon()
 
     def speech_totals(self) -> tuple[int, int]:
-        """(speech instants presented, instants held) summed over the running calls."""
+        """(speech instants presented, instants held) since start, over every call."""
         stats = [s.scheduler.stats for s in self.sessions.values()]
-        return sum(x.speaking_units for x in stats), sum(x.held_units for x in stats)
+        spoken, held = self._ended_speech
+        return (
+            spoken + sum(x.speaking_units for x in stats),
+            held + sum(x.held_units for x in stats),
+        )
 
     def load_report(self) -> dict[str, float | int | None]:
         """What ``/readyz`` reports of this process's load."""

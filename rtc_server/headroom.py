@@ -8,8 +8,9 @@ is refused with ``503 at_capacity`` and ``Retry-After`` when
   ``lag_limit_s``: the calls it carries are at the edge of real time; a single hiccup, such as
   a call being set up, does not count), or
 - the CPU it uses plus what one more call is measured to cost would pass ``cpu_limit`` cores, or
-- the lip-sync engines are not keeping up (the share of speech instants whose frame was not
-  ready, over the window, above ``held_limit``).
+- the lip-sync engine, where the calls share one (MuseTalk batching every call on a GPU), is
+  not keeping up (the share of speech instants whose frame was not ready, over the window,
+  above ``held_limit``).
 
 The per-call cost is learned from the process itself: CPU above the idle baseline, divided by
 the calls it carries, smoothed; until it has been measured a prior is used (``prior_call_cpu``).
@@ -154,7 +155,7 @@ class Headroom:
         _, i1, h1 = self._speech[-1]
         return (h1 - h0) / (i1 - i0) if i1 > i0 else 0.0
 
-    def refusal(self) -> Refusal | None:
+    def refusal(self, *, engine_shared: bool = True) -> Refusal | None:
         """Why one more call would not fit now, or None if it would. A process with no call
         always takes one: whatever else runs on the machine, the first call is served."""
         s = self.settings
@@ -162,7 +163,7 @@ class Headroom:
             return None
         if self.loop_lag_s > s.lag_limit_s:
             return Refusal(f"the event loop is {self.loop_lag_s * 1000:.0f} ms late", 5)
-        if self.calls and self.held_share > s.held_limit:
+        if engine_shared and self.held_share > s.held_limit:
             return Refusal("the lip-sync engine is not keeping up", 5)
         if self.cpu_cores + self.call_cpu > s.cpu_limit:
             return Refusal(

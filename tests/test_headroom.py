@@ -56,13 +56,15 @@ def test_the_cost_of_a_call_is_learned_and_admission_follows_it(
     assert snapshot["call_cpu_measured"] and snapshot["calls"] == 1
 
 
-def test_engines_that_do_not_keep_up_close_admission() -> None:
+def test_a_shared_engine_that_does_not_keep_up_closes_admission() -> None:
     room = Headroom(HeadroomSettings(cpu_limit=64.0, held_limit=0.1))
     room.calls = 1
     room.note_speech(1000, 10)
     room.note_speech(1100, 40)  # 30 of the last 100 speech instants held
-    refusal = room.refusal()
+    refusal = room.refusal(engine_shared=True)
     assert refusal is not None and "keeping up" in refusal.reason
+    # One engine per call (the CPU renderer): another call's engine says nothing of the next.
+    assert room.refusal(engine_shared=False) is None
 
 
 async def test_at_capacity_a_new_call_gets_503_and_the_running_call_goes_on(

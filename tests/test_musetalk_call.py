@@ -65,14 +65,21 @@ async def test_a_call_with_the_musetalk_engine(
         await asyncio.sleep(0.3)
         video = client.received.video[start:]
         audio = client.received.audio[audio_start:]
-        assert not [e for e in client.events if e.get("type") == "error"]
+        # On CPU even tiny MuseTalk is slower than real time: the caller may hear that the
+        # animation fell behind (the picture skips ahead), and of nothing else going wrong.
+        errors = [e["code"] for e in client.events if e.get("type") == "error"]
+        assert set(errors) <= {"engine_behind"}, errors
     finally:
         await client.close()
         await runner.cleanup()
     assert client.video_codec() == "video/H264"
+    # While the reply plays every instant goes out (an idle still picture is sent every
+    # 0.25 s only, so the frames are counted between the first and last loud audio).
+    loud_at = [a for a, _, p in audio if np.sqrt(np.mean(p.astype(np.float64) ** 2)) > 300]
     arrivals = np.asarray([a for a, _, _ in video])
-    span = arrivals[-1] - arrivals[0]
-    assert len(video) / span >= 20, f"{len(video)} frames in {span:.1f} s"
+    speaking = arrivals[(arrivals >= loud_at[0]) & (arrivals <= loud_at[-1])]
+    span = loud_at[-1] - loud_at[0]
+    assert len(speaking) / span >= 20, f"{len(speaking)} frames in {span:.1f} s"
     pcm = np.concatenate([p for _, _, p in audio]).astype(np.float64)
     loud = np.sqrt(np.mean(pcm**2))
     assert loud > 300, "the reply's audio reached the caller"

@@ -151,9 +151,10 @@ async def test_at_capacity_is_503_with_retry_after(engine_factory, cache_dir) ->
                 _assert_error(r.status, await r.json(), 503, "at_capacity")
                 assert int(r.headers["Retry-After"]) > 0
         assert len(server.manager.sessions) == 1
-        # The call already running is untouched: its video keeps coming.
+        # The call already running is untouched: its video keeps coming (an idle avatar's
+        # still picture goes out every 0.25 s).
         await asyncio.sleep(1.0)
-        assert len(first.received.video) >= before + 15
+        assert len(first.received.video) >= before + 3
     finally:
         await first.close()
         await runner.cleanup()

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 MAX_HISTORY_S = 30
 """Longest a unit waits for a lagging track before it is dropped."""
 RESYNC_COOLDOWN_S = 0.5
-"""Least time between two catch-ups of an engine that fell behind."""
+"""Least time between two catch-ups of an engine that fell behind (twice its latency, if more)."""
 LATE_FRAMES = 2
 """A frame that missed its instant by at most this many frames is shown at the next instant
 without its own frame: one frame late beats holding an older image, and keeps the mouth of an
@@ -246,7 +246,9 @@ class AVScheduler:
         """
         self._behind = False
         now = self.clock.now()
-        if now - self._resynced_at < RESYNC_COOLDOWN_S:
+        # An engine that renders in batches needs at least its latency to deliver after a
+        # catch-up: catching up again sooner would throw every batch away.
+        if now - self._resynced_at < max(RESYNC_COOLDOWN_S, 2 * self.engine.latency):
             return
         self._resynced_at = now
         self.stats.resyncs += 1
