@@ -470,8 +470,11 @@ class WarpEngine:
 
     @property
     def latency(self) -> float:
-        """One frame of audio to fill a slice plus the running render-time estimate."""
-        return 1.0 / self._fps + self._render_s
+        """From speech pushed to its first frame rendered: the running render-time estimate,
+        plus 5 ms for the event loop to hand it over. (The avatar at rest is not rendered at
+        all, so there is rarely an idle render under way to wait for; and the audio of a slice
+        is whole by then: the scheduler plays a slice only once all its samples are in.)"""
+        return self._render_s + 0.005
 
     @property
     def queued_seconds(self) -> float:
