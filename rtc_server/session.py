@@ -249,10 +249,18 @@ class AvatarSession:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await self.scheduler.aclose()
-            await self.engine.aclose()
+            try:
+                await self.engine.aclose()
+            except Exception:
+                self._log.exception("the lip-sync engine failed to close")
             self.audio_track.stop()
             self.video_track.stop()
-            await self.pc.close()
+            try:
+                await self.pc.close()
+            except Exception:
+                # aiortc cannot close a peer whose answer it failed to create (a malformed
+                # offer leaves its SCTP transport without a DTLS one): the rest still goes.
+                self._log.exception("the peer connection failed to close")
             self._vad_executor.shutdown(wait=False, cancel_futures=True)
             self._log.info("closed")
             if self._on_closed is not None:

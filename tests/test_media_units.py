@@ -90,7 +90,7 @@ def test_tuned_encoder_uses_our_x264_settings() -> None:
     assert "subme=0" in tuned_sei and "ref=1" in tuned_sei
     assert "threads=1" in tuned_sei and "keyint=250" in tuned_sei
     # Constant quality, capped at the sender's target bitrate (aiortc's default 1 Mbit/s).
-    assert "rc=crf" in tuned_sei and "crf=16.0" in tuned_sei
+    assert "rc=crf" in tuned_sei and "crf=17.0" in tuned_sei
     assert "vbv_maxrate=1000" in tuned_sei and "vbv_bufsize=500" in tuned_sei
 
 

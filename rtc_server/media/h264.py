@@ -31,7 +31,7 @@ class X264Settings:
     threads: int = 1
     """One encode thread per call: calls scale across cores instead of fighting for them."""
     fps: int = 25
-    crf: int = 16
+    crf: int = 17
     """Constant quality, capped at the sender's target bitrate (VBV): a still or slowly moving
     face costs what it needs, not the whole budget. Under plain ABR x264 kept spending the
     target on refining an unchanged picture (~4 KB a frame, 0.85 Mbit/s for a still avatar)."""
