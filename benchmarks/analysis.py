@@ -2,7 +2,7 @@
 
 Received frames are placed on one timeline per stream from their RTP timestamps, anchored at the
 median of (arrival - RTP time): that is the sender's timeline as the network delivered it, with
-per-packet jitter removed. Lip-sync is measured as STACK.md §10 describes: per-frame mouth
+per-packet jitter removed. Lip-sync is measured as per-frame mouth
 *motion* against the *change* of the audio envelope (both rates of change).
 """
 

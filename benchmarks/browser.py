@@ -11,8 +11,8 @@ clock:
   RMS per 128-sample render quantum stamped with the quantum's context frame. Context time goes
   to performance.now() through ``AudioContext.getOutputTimestamp()``, which places a context
   time at the instant WebAudio's *own* output plays it (render ahead + baseLatency +
-  outputLatency). What the viewer hears is the element's output, which is earlier than that
-  (STACK.md §10), so :func:`calibrate_audio_path` measures the difference on this call:
+  outputLatency). What the viewer hears is the element's output, which is earlier than that,
+  so :func:`calibrate_audio_path` measures the difference on this call:
   WebAudio's lead over its output (``currentTime`` minus ``getOutputTimestamp().contextTime``),
   the MediaStreamSource FIFO wait (RTP audio level per packet from
   ``getSynchronizationSources()``, stamped when the element pulls the packet for playout,
@@ -20,7 +20,7 @@ clock:
   totalPlayoutDelay / totalSamplesCount).
 
 The offset is the best lag of the cross-correlation of mouth motion with the absolute change of
-the 40 ms audio envelope (STACK.md §10): positive means the audio is heard after the video.
+the 40 ms audio envelope: positive means the audio is heard after the video.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """An in-process aiortc caller for tests and benchmarks: connects to a server, records media.
 
 Frames are timed by the arrival of their first RTP packet, not by when aiortc's receiver hands
-them over (its jitter buffers hold audio and video for different times, STACK.md §10). With
+them over (its jitter buffers hold audio and video for different times). With
 ``decode_video=False`` (load runs) video frames are only counted, by the arrival of the first
 packet of each new RTP timestamp, and never decoded.
 """

@@ -10,7 +10,7 @@ heavy: resampling to 16 kHz, the streaming whisper features, the UNet batch, the
 the blend into the full frame; finished frames come back to the loop with
 ``call_soon_threadsafe``.
 
-Pacing (ARCHITECTURE §5 rules 3 and 5). ``frames()`` yields idle frames (the avatar's loop)
+Pacing. ``frames()`` yields idle frames (the avatar's loop)
 until the first frame of an utterance is rendered, so the reply's audio never starts ahead of
 its video; the first batch is small (``first_batch``) for that reason. After that each speaking
 frame waits at most ``frame_wait`` for its face; a face still missing then (an engine slower

@@ -54,7 +54,7 @@ UNET_FULL: dict[str, Any] = {
         "CrossAttnUpBlock2D",
     ],
 }
-"""MuseTalk 1.5's ``musetalk.json`` (FIELD.md §3; check it against a real download)."""
+"""MuseTalk 1.5's ``musetalk.json`` (as published; check it against a real download)."""
 
 UNET_TINY: dict[str, Any] = {
     **UNET_FULL,

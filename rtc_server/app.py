@@ -152,7 +152,7 @@ class SessionManager:
 
     async def _answer(self, offer: Offer, engine: LipSyncEngine) -> Answer:
         pc = RTCPeerConnection(self.ice.rtc_configuration())
-        assert self.providers is not None
+        assert self.providers is not None and self.engine_factory is not None
         session = AvatarSession(
             pc,
             engine,
@@ -164,9 +164,13 @@ class SessionManager:
             connect_timeout_s=self.config.connect_timeout_s,
             max_call_s=self.config.max_call_s,
             idle_timeout_s=self.config.idle_timeout_s or None,
-            still_repeat_s=self.config.still_repeat_s,
+            # The sync-test engine stands in for a speaking avatar: a deployment check must
+            # see the stream a talking face sends, every frame.
+            still_repeat_s=(
+                0.0 if self.engine_factory.name == "sync-test" else self.config.still_repeat_s
+            ),
         )
-        if self.engine_factory is not None and self.engine_factory.notice:
+        if self.engine_factory.notice:
             session.notices.append(("engine_fallback", self.engine_factory.notice))
         try:
             # The video transceiver must exist before the offer is applied, or aiortc keeps the

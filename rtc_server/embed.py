@@ -1,4 +1,4 @@
-"""``GET /embed``: the avatar page made for other sites' iframes (ARCHITECTURE §3).
+"""``GET /embed``: the avatar page made for other sites' iframes.
 
 The page is static/embed-frame.js around the same Call as the call page. Its settings (query
 ``autostart``, ``avatar``, ``theme``) and the origins it may talk to over postMessage are

@@ -40,7 +40,7 @@ class Metrics:
         )
         self.turn_stage = Histogram(
             "avatar_rtc_turn_stage_seconds",
-            "Time per stage of a turn (ARCHITECTURE §4 names without _ms).",
+            "Time per stage of a turn (the turn metrics' names without _ms).",
             ["stage"],
             buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0),
             registry=self.registry,

@@ -40,7 +40,7 @@ class Conversation:
 
 @dataclass
 class TurnTimer:
-    """Stage marks of one turn, on time.monotonic(); ``metrics()`` gives ARCHITECTURE §4 names."""
+    """Stage marks of one turn, on time.monotonic(); ``metrics()`` gives the turn event's names."""
 
     speech_end: float
     """When the user stopped speaking (or sent the typed turn)."""

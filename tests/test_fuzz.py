@@ -292,7 +292,7 @@ RESET = 0
 
 
 def assert_error_shape(reply: Reply) -> str:
-    """The JSON error shape of ARCHITECTURE §3; returns the code."""
+    """The JSON error shape of every route; returns the code."""
     assert reply.content_type == "application/json", (reply.status, reply.body[:200])
     body = reply.json()
     assert isinstance(body, dict) and set(body) == {"error"}, body
@@ -708,7 +708,7 @@ def decoded_body(request: Request) -> dict[str, Any] | tuple[int, str]:
 
 
 def text_refusal(value: dict[str, Any], field: str = "text") -> tuple[int, str] | None:
-    """Why a say/text's text is refused (ARCHITECTURE §3-4, DECISIONS 'Limits')."""
+    """Why a say/text's text is refused (DECISIONS 'Limits')."""
     text = value.get(field)
     if not isinstance(text, str) or not text.strip():
         return 400, "bad_text"

@@ -1,4 +1,4 @@
-"""The import arrows of ARCHITECTURE §8, checked on the source with ``ast``."""
+"""The import arrows between our packages, checked on the source with ``ast``."""
 
 from __future__ import annotations
 

@@ -70,6 +70,6 @@ def test_bench_sync_in_chromium_sees_an_injected_delay(tmp_path: Path) -> None:
         r = json.loads(out.read_text())["results"]
         assert r["correlation"] > 0.5
         measured[delay] = r["offset_ms"]
-    # Chromium adds its own skew (STACK.md §10) to both; the injected delay shows in full.
+    # Chromium adds its own skew to both; the injected delay shows in full.
     assert abs((measured[120.0] - measured[0.0]) - 120) <= 15, measured
     assert abs(measured[0.0]) <= 45, measured
