@@ -33,7 +33,15 @@ REAP_BUDGET_S = 30.0
 
 
 def rss_mb() -> float:
-    """Resident memory of this process now, in MB."""
+    """Resident memory of this process now, in MB: what it holds, not what the allocator keeps
+    cached (collected and trimmed first, as the server does once its calls have ended)."""
+    import gc
+
+    from rtc_server.memory import MALLOC_TRIM
+
+    gc.collect()
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
     with open("/proc/self/statm") as fh:
         pages = int(fh.read().split()[1])
     return pages * resource.getpagesize() / 1e6
