@@ -53,7 +53,9 @@ def audio_level_dbov(frame: AudioFrame) -> int:
     a frame, 50 frames a second per call): about 6 % of the server's active CPU on idle calls.
     The same arithmetic in numpy gives the same integer.
     """
-    samples = np.frombuffer(bytes(frame.planes[0]), np.int16)[: frame.samples].astype(np.float64)
+    samples = np.frombuffer(memoryview(frame.planes[0]), np.int16)[: frame.samples].astype(
+        np.float64
+    )
     energy = float(np.dot(samples, samples))
     rms = math.sqrt(energy / (frame.samples * 32767 * 32767)) if frame.samples else 0.0
     if rms <= 0:

@@ -166,7 +166,7 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
                     worker.sessions[str(session_id)] = asyncio.get_running_loop().time()
             finally:
                 worker.inflight -= 1
-            if status != 503 or b'"at_capacity"' not in payload:
+            if not _at_capacity(status, payload):
                 break
         return web.Response(status=status, headers=headers, body=payload)
 
@@ -384,3 +384,14 @@ async def _run(config: ServerConfig, count: int, verbose: int) -> int:
         await pool.close()
         if runner is not None:
             await runner.cleanup()
+
+
+def _at_capacity(status: int, payload: bytes) -> bool:
+    """Is this a worker's ``503 at_capacity`` (no headroom for the call), not another 503?"""
+    if status != 503:
+        return False
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("error", {}).get("code") == "at_capacity"
