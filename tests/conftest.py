@@ -19,6 +19,10 @@ from rtc_server.engines import EngineFactory, load_engine_factory
 # `--workers`: its default (one per core) would load the models once per core for each.
 # tests/test_workers.py asks for its workers with `--workers 2`.
 os.environ.setdefault("AVATAR_RTC_WORKERS", "1")
+# The tests' own callers, decoders and models share the machine with the servers they start:
+# the load a server would refuse calls for is the test's, not its own. Admission by headroom
+# is tested where a test asks for it (tests/test_headroom.py).
+os.environ.setdefault("AVATAR_RTC_NO_HEADROOM", "1")
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +50,7 @@ async def start_server(
 ) -> tuple[LiveServer, web.AppRunner]:
     # The same text always gives the same audio: what a test hears does not vary run to run.
     config.setdefault("piper_deterministic", True)
+    config.setdefault("headroom", False)  # see AVATAR_RTC_NO_HEADROOM above
     cfg = ServerConfig(cache_dir=cache_dir, ice_addresses=("127.0.0.1",), port=8080, **config)  # type: ignore[arg-type]
     app = create_app(cfg, engine_loader=lambda: engine_factory)
     runner = web.AppRunner(app, access_log=None)

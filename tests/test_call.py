@@ -45,6 +45,28 @@ async def _wait_frames(client: CallClient, count: int, timeout: float = 15.0) ->
     raise TimeoutError(f"only {len(client.received.video)} video frames arrived")
 
 
+def _by_rtp_time(audio: list[tuple[float, int, np.ndarray]]) -> tuple[np.ndarray, int]:
+    """Received 48 kHz frames laid out by their RTP time; returns the PCM and the frames lost."""
+    start, end = audio[0][1], audio[-1][1] + len(audio[-1][2])
+    pcm = np.zeros(end - start, np.int16)
+    for _, pts, frame in audio:
+        pcm[pts - start : pts - start + len(frame)] = frame
+    return pcm, (end - start) // 960 - len(audio)
+
+
+def _sounding_s(pcm: np.ndarray, rate: int = 48_000) -> float:
+    """Seconds from the first to the last sample above -40 dBFS."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > 328)
+    return float(loud[-1] - loud[0]) / rate if loud.size else 0.0
+
+
+async def _synthesized(server: LiveServer, text: str) -> np.ndarray:
+    """``text`` as the server's TTS speaks it, at 48 kHz, chunk by chunk as the call resamples."""
+    tts = server.manager.providers.tts  # type: ignore[union-attr]
+    chunks = [resample_int16(c.pcm, c.sample_rate, 48_000) async for c in tts.synthesize(text)]
+    return np.concatenate(chunks)
+
+
 async def test_say_over_a_real_call(live_server: LiveServer, whisper) -> None:  # type: ignore[no-untyped-def]
     client = CallClient(live_server.url)
     try:
@@ -71,23 +93,38 @@ async def test_say_over_a_real_call(live_server: LiveServer, whisper) -> None:  
     assert arrivals[-1] - arrivals[0] > 5.5, "the reply should last more than 5 s"
     assert len(window) >= 120, f"{len(window)} frames in 5 s"
 
-    # The reply transcribes back to the words said.
-    pcm = np.concatenate([p for _, _, p in audio])
+    # What the caller got, sample for sample where it stood in the stream (RTP time): a packet
+    # the test's own receiver lost leaves its 20 ms of silence, and is counted.
+    pcm, lost = _by_rtp_time(audio)
+
+    # Nothing was inserted into the speech or cut from it: from its first sound to its last it
+    # lasts as long as the speech the TTS gives for the same text (deterministic voice).
+    reference = await _synthesized(live_server, SENTENCES)
+    spoken, expected = _sounding_s(pcm), _sounding_s(reference)
+    assert abs(spoken - expected) <= 0.04, (
+        f"speech lasted {spoken:.3f} s on the call, {expected:.3f} s from the TTS ({lost} lost)"
+    )
+
+    # The reply transcribes back to the words said. Beam search: greedy decoding of this
+    # model turns "where it is a" into "where does the" after a change of 20 ms anywhere in
+    # the 7 s (a single lost packet would fail the test); with 5 beams only damage to the
+    # words themselves does.
     segments, _ = whisper.transcribe(
-        resample_int16(pcm, 48_000, 16_000).astype(np.float32) / 32768, beam_size=1, language="en"
+        resample_int16(pcm, 48_000, 16_000).astype(np.float32) / 32768, beam_size=5, language="en"
     )
     heard = words(" ".join(s.text for s in segments))
     said = words(SENTENCES)
     missing = [w for w in said if w not in heard]
-    print("heard:", " ".join(heard))
-    assert len(missing) <= 2, f"heard {heard}"
+    print("heard:", " ".join(heard), f"({lost} audio packets lost)")
+    assert len(missing) <= 2, f"heard {heard}; {lost} audio packets lost on the way"
 
     # The mouth follows the audio: motion against envelope change, best lag within ±40 ms.
     box = live_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
     assert box is not None
     vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
     at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
-    result = av_offset(vt, mouth_motion([img for _, _, img in video], box), at, pcm)
+    received = np.concatenate([p for _, _, p in audio])
+    result = av_offset(vt, mouth_motion([img for _, _, img in video], box), at, received)
     print(f"lip-sync: offset {result.offset_ms:+.0f} ms, correlation {result.correlation:.2f}")
     assert result.correlation >= 0.5
     assert abs(result.offset_ms) <= 40

@@ -71,7 +71,7 @@ async def test_at_capacity_a_new_call_gets_503_and_the_running_call_goes_on(
     engine_factory: EngineFactory, cache_dir: Path
 ) -> None:
     # A budget no second call fits in: the first call is always taken, the second refused.
-    server, runner = await start_server(engine_factory, cache_dir, cpu_limit=0.01)
+    server, runner = await start_server(engine_factory, cache_dir, headroom=True, cpu_limit=0.01)
     client = CallClient(server.url, record_video=True, decode_video=False)
     try:
         await client.connect()
