@@ -28,6 +28,7 @@ from rtc_server.media.aiortc_compat import (
 from rtc_server.media.fallback import ResilientEngine
 from rtc_server.media.h264 import TunedH264Encoder
 from rtc_server.media.inbound import low_latency_audio
+from rtc_server.media.opus import ReplyOpusEncoder
 from rtc_server.memory import MemoryReleaser, limit_arenas
 from rtc_server.metrics import Metrics
 from rtc_server.providers.registry import Choice, load_providers
@@ -187,6 +188,13 @@ class SessionManager:
             for transceiver in pc.getTransceivers():
                 if transceiver.kind == "audio":
                     low_latency_audio(transceiver)
+                if (
+                    transceiver.sender.track is session.audio_track
+                    and negotiated_codec(transceiver) == "audio/opus"
+                ):
+                    set_sender_encoder(
+                        transceiver.sender, ReplyOpusEncoder(on_frame=self._audio_sent)
+                    )
             negotiated = negotiated_codec(video)
             if negotiated == "video/H264":
                 set_sender_encoder(
@@ -216,6 +224,9 @@ class SessionManager:
             self.headroom.calls = len(self.sessions)
             self.metrics.sessions.set(len(self.sessions))
             self.memory.release_soon()
+
+    def _audio_sent(self, replayed: bool) -> None:
+        self.metrics.audio_frames.labels("replayed" if replayed else "encoded").inc()
 
     def speech_totals(self) -> tuple[int, int]:
         """(speech instants presented, instants held) since start, over every call."""

@@ -32,6 +32,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.audio_frames = Counter(
+            "avatar_rtc_audio_frames_sent",
+            "Reply audio frames sent: 'encoded' by libopus, 'replayed' when a silence long past "
+            "its warm-up went out as the cached silent packet.",
+            ["how"],
+            registry=self.registry,
+        )
         self.encode_seconds = Histogram(
             "avatar_rtc_video_encode_cpu_seconds",
             "CPU time of one H.264 frame encode.",

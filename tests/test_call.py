@@ -172,3 +172,36 @@ async def test_vp8_only_when_the_offer_has_no_h264(live_server: LiveServer) -> N
         assert client.received.video[-1][2].shape == (512, 512, 3)
     finally:
         await client.close()
+
+
+async def test_an_idle_calls_silence_is_replayed_not_encoded(live_server: LiveServer) -> None:
+    import aiohttp
+
+    client = CallClient(live_server.url)
+    try:
+        await client.connect()
+        await client.wait_channel_open()
+        await _wait_frames(client, 5)
+        # Silent frames: the first 10 encoded, then the silent packet again (a second of
+        # idle call is 50 frames; a loaded machine may take longer to send them).
+        sent: dict[str, float] = {}
+        for _ in range(30):
+            await asyncio.sleep(0.5)
+            async with aiohttp.ClientSession() as http:
+                async with http.get(live_server.url + "/metrics") as resp:
+                    text = await resp.text()
+            sent = {
+                how: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                for how in ("encoded", "replayed")
+                if line.startswith(f'avatar_rtc_audio_frames_sent_total{{how="{how}"}}')
+            }
+            if sent.get("replayed", 0) > 40:
+                break
+        assert sent["replayed"] > 40 and 10 <= sent["encoded"] < sent["replayed"], sent
+        # What arrived is continuous 20 ms audio, and silent.
+        audio = client.received.audio
+        assert [t for _, t, _ in audio][-5:] == [audio[-5][1] + 960 * i for i in range(5)]
+        assert max(int(np.abs(p).max()) for _, _, p in audio[-25:]) <= 2
+    finally:
+        await client.close()

@@ -338,3 +338,40 @@ async def test_audio_of_another_rate_is_refused() -> None:
         assert "16000" in str(exc)
     else:
         raise AssertionError("16 kHz audio was accepted")
+
+
+async def _recv_on(track: AvatarVideoTrack, clock: ManualClock) -> tuple[int, object]:
+    """The next frame ``track`` sends and its pts, moving ``clock`` an instant at a time."""
+    task = asyncio.ensure_future(track.recv())
+    while True:
+        await _settle()
+        if task.done():
+            return task.result().pts, task.result()
+        clock.advance(0.04)
+
+
+async def test_a_still_picture_repeats_sparsely_converted_once_and_speech_goes_every_frame() -> (
+    None
+):
+    engine = GatedEngine()
+    clock = ManualClock()
+    scheduler = AVScheduler(engine, clock, lead_frames=3)
+    video = AvatarVideoTrack(clock, scheduler, still_repeat_s=0.2)  # every 5th instant
+    scheduler.start()
+    await _settle()
+    sent = [await _recv_on(video, clock) for _ in range(4)]
+    # The idle face (one array) goes out at instants 0, 5, 10, 15, as one frame object.
+    assert [pts for pts, _ in sent] == [0, 5 * 3600, 10 * 3600, 15 * 3600]
+    assert all(frame is sent[0][1] for _, frame in sent)
+    assert scheduler.stats.video_still == 12
+    # Speech: every instant goes out, each a frame of its own.
+    speech = _speech(4)
+    await scheduler.push_audio(AudioChunk(speech, 48_000), segment_id=0)
+    await scheduler.end_segment(0)
+    engine.release(4)
+    talking = [await _recv_on(video, clock) for _ in range(5)]
+    frames = [f for _, f in talking]
+    instants = [pts // 3600 for pts, _ in talking]
+    assert instants == list(range(instants[0], instants[0] + 5)) and instants[0] > 15
+    assert len({id(f) for f in frames}) == 5 and frames[0] is not sent[0][1]
+    await scheduler.aclose()

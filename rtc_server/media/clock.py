@@ -64,6 +64,10 @@ class ManualClock:
         self._now = 0.0
         self._changed = asyncio.Event()
 
+    @property
+    def started(self) -> bool:
+        return True
+
     def start(self) -> None:
         pass
 

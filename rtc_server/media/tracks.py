@@ -82,6 +82,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._ticks = VIDEO_RATE // scheduler.fps
         self._still_units = max(1, round(still_repeat_s * scheduler.fps))
         self._last_image: object = None
+        self._last_frame: av.VideoFrame | None = None
         self._last_sent = -self._still_units
 
     async def recv(self) -> av.VideoFrame:
@@ -104,8 +105,12 @@ class AvatarVideoTrack(MediaStreamTrack):
                 continue
             break
         self._scheduler.note_video(dropped)
-        self._last_image, self._last_sent = image, index
-        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+        # A still picture's repeats are one frame object, made once: encoders only read it,
+        # and each is done with it before the next recv.
+        frame = self._last_frame
+        if not still or frame is None:
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+        self._last_image, self._last_frame, self._last_sent = image, frame, index
         frame.pts = index * self._ticks
         frame.time_base = VIDEO_TIME_BASE
         return frame
