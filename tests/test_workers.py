@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.client import CallClient, make_offer
 from rtc_server.cli import build_parser
 from rtc_server.workers.front import merge_metrics
+from rtc_server.workers.pool import HUNG_AFTER_S
 from tests.test_tls import self_signed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -267,6 +268,11 @@ async def test_say_and_delete_reach_the_worker_that_holds_the_call(front: Server
                 await _request("DELETE", f"{url}/sessions/{caller.session_id}")
                 await caller.close()
     await _placed(url, 0)
+    # HEAD through the front tells the length a GET would give, as a worker does.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/") as got, http.head(url + "/") as head:
+            body = await got.read()
+            assert head.status == 200 and int(head.headers["Content-Length"]) == len(body) > 0
 
 
 @pytest.mark.timeout(420)
@@ -321,6 +327,44 @@ async def test_a_killed_worker_ends_its_calls_only_and_is_restarted(front: Serve
             if caller is not None:
                 await _request("DELETE", f"{url}/sessions/{caller.session_id}")
                 await caller.close()
+    await _placed(url, 0)
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_hung_worker_is_killed_and_restarted(front: Server) -> None:
+    url, _, log = front
+    await _placed(url, 0)
+    hangs_before = (await _metric(url, "avatar_rtc_worker_hangs_total"))[""]
+    workers = _by_worker(await _wait_ready(url))
+    index = min(workers)
+    pid = workers[index]["pid"]
+    os.kill(pid, signal.SIGSTOP)  # alive, but answering nothing: a stuck event loop
+    try:
+        deadline = time.monotonic() + HUNG_AFTER_S + 30
+        while f"worker {index} (pid {pid}) answered no status" not in log.read_text():
+            assert time.monotonic() < deadline, "the stopped worker was never noticed"
+            await asyncio.sleep(0.5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert (await _metric(url, "avatar_rtc_worker_hangs_total"))[""] == hangs_before + 1
+    # Killed and started again: a new process that takes calls.
+    for _ in range(int(READY_S / 0.5)):
+        workers = _by_worker(await _wait_ready(url))
+        if workers[index]["pid"] != pid:
+            break
+        await asyncio.sleep(0.5)
+    assert workers[index]["pid"] != pid, workers
+    callers = [await _connect(url), await _connect(url)]
+    try:
+        placed = await _placed(url, 2)
+        assert all(w["sessions"] == 1 for w in placed.values()), placed
+        assert all([await _packets_in(c) >= MOVING for c in callers])
+    finally:
+        for caller in callers:
+            await _request("DELETE", f"{url}/sessions/{caller.session_id}")
+            await caller.close()
     await _placed(url, 0)
 
 

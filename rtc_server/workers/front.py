@@ -277,6 +277,9 @@ async def forward(
                 for k, v in resp.headers.items()
                 if k.lower() not in HOP_BY_HOP and k.lower() not in NOT_RETURNED
             )
+            if request.method == "HEAD" and "Content-Length" in resp.headers:
+                # A HEAD answer has no body to measure: the length is the worker's.
+                out["Content-Length"] = resp.headers["Content-Length"]
             return resp.status, out, payload
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         logger.warning(

@@ -39,6 +39,9 @@ STATUS_TIMEOUT_S = 2.0
 LIVED_LONG_S = 30.0
 """A worker that dies younger than this counts as dying young: the next start waits longer."""
 MAX_BACKOFF_S = 30.0
+HUNG_AFTER_S = 15.0
+"""A worker that answered its status polls once and then none for this long is stuck (an event
+loop that stalls for 15 s serves no call): it is killed, and restarted like one that died."""
 KILL_AFTER_DRAIN_S = 15.0
 """A worker still running this long after its drain timeout is killed."""
 ENDED_KEPT = 10_000
@@ -67,6 +70,8 @@ class Worker:
     """Offers forwarded to it and not answered yet."""
     started_at: float = 0.0
     young_deaths: int = 0
+    answered_at: float | None = None
+    """Loop time of its last status answer; None until its first."""
 
     @property
     def alive(self) -> bool:
@@ -108,6 +113,11 @@ class FrontMetrics:
         )
         self.workers_ready = Gauge(
             "avatar_rtc_workers_ready", "Worker processes ready for calls.", registry=self.registry
+        )
+        self.hangs = Counter(
+            "avatar_rtc_worker_hangs",
+            f"Workers killed for answering no status poll for {HUNG_AFTER_S:.0f} s.",
+            registry=self.registry,
         )
 
 
@@ -193,6 +203,7 @@ class WorkerPool:
         worker.process = process
         worker.status = None
         worker.started_at = asyncio.get_running_loop().time()
+        worker.answered_at = None
         worker.http = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=worker.socket_path), auto_decompress=False
         )
@@ -253,7 +264,9 @@ class WorkerPool:
         was_ready = worker.ready
         status = await self.fetch_status(worker)
         if status is None:
+            self._kill_if_hung(worker)
             return None
+        worker.answered_at = asyncio.get_running_loop().time()
         worker.status = status
         live = set(status.sessions)
         for session_id, added in list(worker.sessions.items()):
@@ -270,6 +283,23 @@ class WorkerPool:
                 "?" if rss is None else f"{rss:.0f}",
             )
         return status
+
+    def _kill_if_hung(self, worker: Worker) -> None:
+        process, answered = worker.process, worker.answered_at
+        if process is None or process.returncode is not None or answered is None:
+            return
+        silent = asyncio.get_running_loop().time() - answered
+        if silent < HUNG_AFTER_S or self.draining:
+            return
+        logger.error(
+            "worker %d (pid %d) answered no status for %.0f s: killing it",
+            worker.index,
+            process.pid,
+            silent,
+        )
+        self.metrics.hangs.inc()
+        worker.answered_at = None  # once: its exit is handled (and it restarted) by _watch
+        process.kill()
 
     async def fetch_status(self, worker: Worker) -> Status | None:
         data = await self.get_json(worker, STATUS_PATH)
