@@ -841,7 +841,8 @@ def tear_down(target: Target, reply: Reply, request: Request | None) -> None:
     assert set(answer) == {"sdp", "type", "session_id"} and answer["type"] == "answer", answer
     assert "m=audio" in answer["sdp"] and "m=video" in answer["sdp"]
     session_id = answer["session_id"]
-    assert session_id in target.manager.sessions
+    # No check that it is still there: a call whose ICE cannot succeed may already have ended
+    # by itself (its DELETE is then a 404, below).
     auth = request.auth_header(target) if request is not None else None
     headers = [("Authorization", auth)] if auth is not None else []
     deleted = send(target.port, "DELETE", f"/sessions/{session_id}", headers=headers)

@@ -65,7 +65,9 @@ def test_bench_sync_in_chromium_sees_an_injected_delay(tmp_path: Path) -> None:
     measured = {}
     for delay in (0.0, 120.0):
         out = tmp_path / f"sync{delay}.json"
-        argv = ["sync", "--browser", "--seconds", "4", "--video-delay-ms", str(delay)]
+        # 8 s as the documented benchmark runs it: on a loaded machine Chromium's playout
+        # shifts for a moment now and then (4 s gave 92 and 141 ms for the 120 injected).
+        argv = ["sync", "--browser", "--seconds", "8", "--video-delay-ms", str(delay)]
         assert main([*argv, "--json", str(out)]) == 0
         r = json.loads(out.read_text())["results"]
         assert r["correlation"] > 0.5
