@@ -21,8 +21,50 @@ if TYPE_CHECKING:
     from rtc_server.engines import EngineFactory
 
 
+class EnvError(ValueError):
+    """An ``AVATAR_RTC_*`` variable whose value its option cannot take."""
+
+
+def _env_name(flag: str) -> str:
+    return "AVATAR_RTC_" + flag.upper().replace("-", "_")
+
+
 def _env(environ: Mapping[str, str], flag: str) -> str | None:
-    return environ.get("AVATAR_RTC_" + flag.upper().replace("-", "_"))
+    return environ.get(_env_name(flag))
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def _env_flag(environ: Mapping[str, str], flag: str) -> bool:
+    """A switch from the environment: 1/true/yes/on or 0/false/no/off (any case); unset: off."""
+    raw = _env(environ, flag)
+    if raw is None or raw.strip().lower() in _FALSE:
+        return False
+    if raw.strip().lower() in _TRUE:
+        return True
+    raise EnvError(f"{_env_name(flag)}={raw!r}: use 1/true/yes/on or 0/false/no/off")
+
+
+def _env_int(environ: Mapping[str, str], flag: str, default: int) -> int:
+    raw = _env(environ, flag)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise EnvError(f"{_env_name(flag)}={raw!r}: not a whole number") from None
+
+
+def _env_float(environ: Mapping[str, str], flag: str, default: float) -> float:
+    raw = _env(environ, flag)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise EnvError(f"{_env_name(flag)}={raw!r}: not a number") from None
 
 
 def _env_list(environ: Mapping[str, str], flag: str) -> list[str]:
@@ -38,7 +80,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the call page and WebRTC API", formatter_class=fmt)
     serve.add_argument("--host", default=_env(environ, "host") or "127.0.0.1")
-    serve.add_argument("--port", type=int, default=int(_env(environ, "port") or 8080))
+    serve.add_argument("--port", type=int, default=_env_int(environ, "port", 8080))
     serve.add_argument(
         "--avatar",
         type=Path,
@@ -50,13 +92,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--musetalk-batch",
         type=int,
-        default=int(_env(environ, "musetalk-batch") or 16),
+        default=_env_int(environ, "musetalk-batch", 16),
         help="largest MuseTalk batch, shared by all calls",
     )
     serve.add_argument(
         "--musetalk-compile",
         action="store_true",
-        default=bool(_env(environ, "musetalk-compile")),
+        default=_env_flag(environ, "musetalk-compile"),
         help="torch.compile the UNet and VAE decoder (slow start, faster on CUDA)",
     )
     serve.add_argument(
@@ -74,33 +116,33 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-sessions",
         type=int,
-        default=int(_env(environ, "max-sessions") or 8),
+        default=_env_int(environ, "max-sessions", 8),
         help="concurrent calls of the whole server (all workers together)",
     )
     serve.add_argument(
         "--cpu-limit",
         type=float,
-        default=float(_env(environ, "cpu-limit") or 0) or None,
+        default=_env_float(environ, "cpu-limit", 0) or None,
         help="cores a process may use before it refuses new calls with 503 at_capacity "
         "(default: 90%% of its share of the cores)",
     )
     serve.add_argument(
         "--no-headroom",
         action="store_true",
-        default=bool(_env(environ, "no-headroom")),
+        default=_env_flag(environ, "no-headroom"),
         help="take calls up to --max-sessions whatever the load (no admission by headroom)",
     )
     serve.add_argument(
         "--piper-deterministic",
         action="store_true",
-        default=bool(_env(environ, "piper-deterministic")),
+        default=_env_flag(environ, "piper-deterministic"),
         help="the local voice without its sampled variation: the same text, the same audio "
         "(benchmarks and tests)",
     )
     serve.add_argument(
         "--workers",
         type=int,
-        default=int(_env(environ, "workers") or 0),
+        default=_env_int(environ, "workers", 0),
         help="media worker processes behind one HTTP front, each loading its own models "
         "(0: one per core; 1: a single process, no front)",
     )
@@ -119,31 +161,31 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-call-s",
         type=float,
-        default=float(_env(environ, "max-call-s") or 3600),
+        default=_env_float(environ, "max-call-s", 3600),
         help="calls are closed after this many seconds",
     )
     serve.add_argument(
         "--rate-limit-per-min",
         type=int,
-        default=int(_env(environ, "rate-limit-per-min") or 60),
+        default=_env_int(environ, "rate-limit-per-min", 60),
         help="/offer and /token requests per client address and minute (0: no limit)",
     )
     serve.add_argument(
         "--idle-timeout-s",
         type=float,
-        default=float(_env(environ, "idle-timeout-s") or 300),
+        default=_env_float(environ, "idle-timeout-s", 300),
         help="close a call after this many seconds without caller speech, text or say (0: never)",
     )
     serve.add_argument(
         "--max-say-chars",
         type=int,
-        default=int(_env(environ, "max-say-chars") or 2000),
+        default=_env_int(environ, "max-say-chars", 2000),
         help="longest text of a say or a typed turn (HTTP 413 / an error event beyond)",
     )
     serve.add_argument(
         "--drain-timeout-s",
         type=float,
-        default=float(_env(environ, "drain-timeout-s") or 30),
+        default=_env_float(environ, "drain-timeout-s", 30),
         help="on SIGTERM, take no new calls and let running ones go on this long, then exit",
     )
     serve.add_argument(
@@ -160,7 +202,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--turn-ttl-s",
         type=int,
-        default=int(_env(environ, "turn-ttl-s") or 3600),
+        default=_env_int(environ, "turn-ttl-s", 3600),
         help="how long minted TURN credentials stay valid",
     )
     serve.add_argument(
@@ -181,7 +223,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     talk.add_argument(
         "--max-tokens",
         type=int,
-        default=int(_env(environ, "max-tokens") or 150),
+        default=_env_int(environ, "max-tokens", 150),
         help="cap on each reply's length",
     )
     talk.add_argument(
@@ -194,13 +236,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     talk.add_argument(
         "--vad-hangover-ms",
         type=int,
-        default=int(_env(environ, "vad-hangover-ms") or 500),
+        default=_env_int(environ, "vad-hangover-ms", 500),
         help="silence that ends the caller's turn",
     )
     talk.add_argument(
         "--no-barge-in",
         action="store_true",
-        default=_env(environ, "no-barge-in") == "1",
+        default=_env_flag(environ, "no-barge-in"),
         help="do not stop the avatar when the caller starts speaking",
     )
 
@@ -520,7 +562,12 @@ def configure_logging(verbose: int) -> None:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
-    args = build_parser(environ).parse_args(argv)
+    try:
+        parser = build_parser(environ)
+    except EnvError as exc:
+        print(f"avatar-rtc: error: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     configure_logging(args.verbose)
     if args.command == "serve":
         return _serve(args, environ)

@@ -25,6 +25,44 @@ def test_env_vars_fill_flags_and_flags_win() -> None:
     assert args.port == 9002
 
 
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [
+        ("1", True),
+        ("true", True),
+        ("Yes", True),
+        ("0", False),
+        ("false", False),
+        ("off", False),
+        ("", False),
+    ],
+)
+def test_switches_from_the_environment_mean_what_they_say(value: str, on: bool) -> None:
+    env = {
+        "AVATAR_RTC_MUSETALK_COMPILE": value,
+        "AVATAR_RTC_NO_BARGE_IN": value,
+        "AVATAR_RTC_NO_HEADROOM": value,
+    }
+    args = build_parser(env).parse_args(["serve"])
+    assert (args.musetalk_compile, args.no_barge_in, args.no_headroom) == (on, on, on)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("AVATAR_RTC_PORT", "abc", "not a whole number"),
+        ("AVATAR_RTC_CPU_LIMIT", "lots", "not a number"),
+        ("AVATAR_RTC_NO_BARGE_IN", "maybe", "use 1/true/yes/on or 0/false/no/off"),
+    ],
+)
+def test_a_bad_environment_value_is_a_clear_error(
+    name: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve"], {name: value}) == 2
+    err = capsys.readouterr().err
+    assert f"{name}={value!r}" in err and says in err and "Traceback" not in err
+
+
 def test_prepare_avatar_finds_the_face(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from skimage import data
 
