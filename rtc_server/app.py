@@ -210,7 +210,7 @@ class SessionManager:
         self.sessions[session.id] = session
         self.headroom.calls = len(self.sessions)
         self.metrics.sessions.set(len(self.sessions))
-        self.metrics.sessions_created.inc()
+        self.metrics.calls_answered.inc()
         session.start()
         logger.info("session %s answered (%s)", session.id[:8], negotiated)
         sdp = announce_address(pc.localDescription.sdp, self.config.public_address)

@@ -16,8 +16,8 @@ class Metrics:
         self.sessions = Gauge(
             "avatar_rtc_sessions", "Calls currently open.", registry=self.registry
         )
-        self.sessions_created = Counter(
-            "avatar_rtc_sessions_created", "Calls answered since start.", registry=self.registry
+        self.calls_answered = Counter(
+            "avatar_rtc_calls_answered", "Calls answered since start.", registry=self.registry
         )
         self.video_frames = Counter(
             "avatar_rtc_video_frames_sent",

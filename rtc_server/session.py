@@ -45,6 +45,15 @@ from signaling.messages import MAX_TEXT_CHARS, parse_client_event
 
 logger = logging.getLogger(__name__)
 
+
+class CallLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A call's logger: every line starts with ``session <first 8 of its id>:``, whatever the
+    log format, so one call's lines can be picked out of a busy server's log."""
+
+    def process(self, msg: object, kwargs: Any) -> tuple[object, Any]:
+        return f"session {self.extra['session']}: {msg}", kwargs  # type: ignore[index]
+
+
 APOLOGY = "Sorry, I ran into a problem answering that."
 EARLY_STT = "early-stt"
 PAUSE_TAIL = VAD_RATE // 5
@@ -140,7 +149,7 @@ class AvatarSession:
         self._early_transcript: asyncio.Task[str] | None = None
         self._closed = False
         self._close_done = asyncio.Event()
-        self._log = logging.LoggerAdapter(logger, {"session": self.id[:8]})
+        self._log = CallLog(logger, {"session": self.id[:8]})
 
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)

@@ -205,3 +205,24 @@ async def test_an_idle_calls_silence_is_replayed_not_encoded(live_server: LiveSe
         assert max(int(np.abs(p).max()) for _, _, p in audio[-25:]) <= 2
     finally:
         await client.close()
+
+
+async def test_a_calls_log_lines_carry_its_session_id(
+    live_server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="rtc_server.session")
+    client = CallClient(live_server.url)
+    try:
+        await client.connect()
+        await client.wait_channel_open()
+    finally:
+        await client.close()
+    for _ in range(400):  # the hang-up reaches the server at once; a busy machine is slower
+        if client.session_id not in live_server.manager.sessions:
+            break
+        await asyncio.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if r.name == "rtc_server.session"]
+    assert f"session {client.session_id[:8]}: connection connected" in lines, lines
+    assert f"session {client.session_id[:8]}: closed" in lines, lines

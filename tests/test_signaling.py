@@ -128,8 +128,11 @@ async def test_metrics_are_prometheus_text(live_server: LiveServer) -> None:
         "avatar_rtc_video_frames_sent_total",
         "avatar_rtc_video_frames_late_total",
         "avatar_rtc_video_encode_cpu_seconds_bucket",
+        "avatar_rtc_calls_answered_total",
     ):
         assert name in text
+    # Prometheus style: a counter's name does not end in a suffix the client library adds.
+    assert "_created_created" not in text and "_total_total" not in text
 
 
 async def test_at_capacity_is_503_with_retry_after(engine_factory, cache_dir) -> None:  # type: ignore[no-untyped-def]
