@@ -136,6 +136,10 @@ async def _measure_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]
         # measure_sync's sign: + = audio heard after the video; as an offset of the video
         # against the audio (bench sync's sign) that is the negative.
         "offset_ms": -report.heard.estimate.offset_ms,
+        # The same without Chromium's buffering (its jitter buffers and audio sink, from its
+        # own stats): what the server put on the wire. It varies less than the heard offset
+        # on a loaded machine, where Chromium's buffering moves from call to call.
+        "wire_offset_ms": -report.heard.wire_ms,
         "correlation": report.heard.estimate.peak,
         "overall": report.summary(),
     }

@@ -9,10 +9,13 @@ of ``docs/RELIABILITY.md``, so the document is produced from test runs, not writ
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,52 @@ def record(
     }
     with OUT.open("a") as fh:
         fh.write(json.dumps(entry) + "\n")
+
+
+@dataclass
+class Trials:
+    """One fault's trials, each judged as it ends: what held is counted, not declared."""
+
+    fault: str
+    area: str
+    note: str = ""
+    tried: int = 0
+    held: int = 0
+    failures: list[str] = field(default_factory=list)
+    figures: dict[str, float | int | str] = field(default_factory=dict)
+
+    def judge(self, problems: list[str], trial: str = "") -> bool:
+        """Count one trial: it held if ``problems`` is empty; else its first problem is kept."""
+        self.tried += 1
+        if not problems:
+            self.held += 1
+            return True
+        self.failures.append(f"{trial}: {problems[0]}" if trial else problems[0])
+        return False
+
+    def check(self) -> None:
+        """Fail the test unless every trial held (after the record is written: see trials)."""
+        assert self.held == self.tried, (
+            f"{self.tried - self.held} of {self.tried} failed: {self.failures}"
+        )
+
+
+@contextlib.contextmanager
+def trials(fault: str, *, area: str, note: str = "") -> Iterator[Trials]:
+    """Count a fault's trials inside the block, and record them whatever happens there: a trial
+    that failed, or an assertion that ended the block early, shows in the table."""
+    t = Trials(fault, area, note)
+    try:
+        yield t
+    except BaseException as exc:
+        if t.held == t.tried and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            t.tried += 1  # the block itself failed: one more trial that did not hold
+            t.failures.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+        raise
+    finally:
+        failed = f"failed: {'; '.join(t.failures)[:400]}" if t.failures else ""
+        note = " | ".join(p for p in (t.note, failed) if p)
+        record(t.fault, area=t.area, tried=t.tried, held=t.held, figures=t.figures, note=note)
 
 
 def latest(path: Path = OUT) -> list[dict[str, Any]]:
