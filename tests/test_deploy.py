@@ -54,7 +54,9 @@ def _serve_parser() -> argparse.ArgumentParser:
 def _env_flags() -> dict[str, str]:
     """AVATAR_RTC_<FLAG> name -> flag, for every serve flag the CLI reads from the environment."""
     source = inspect.getsource(cli)
-    read = set(re.findall(r"_env(?:_list)?\(environ, \"([a-z0-9-]+)\"\)", source))
+    read = set(
+        re.findall(r"_env(?:_list|_int|_float|_flag)?\(environ, \"([a-z0-9-]+)\"[,)]", source)
+    )
     flags = {}
     for action in _serve_parser()._actions:
         for option in action.option_strings:
