@@ -108,7 +108,9 @@ async def test_call_page_plays_the_avatar(live_server: LiveServer, tmp_path: Pat
     sent_fps = (sent1 - sent0) / seconds
     assert fps >= 0.9 * sent_fps, (fps, sent_fps)
     assert fps >= 20
-    assert video1.get("framesPerSecond", 0) >= 20
+    # Chromium reports its own rate too (the overlay shows it); a one-second snapshot, so the
+    # rate itself is judged over the window above (the snapshot read 19 in a busy run).
+    assert video1.get("framesPerSecond", 0) > 0
     assert audio1["mimeType"] == "audio/opus"
     assert audio1["totalSamplesReceived"] > audio0["totalSamplesReceived"]
     assert max(levels) > 0, "the element plays the reply (audioLevel reads 0 when muted)"
