@@ -13,12 +13,15 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from rtc_server.config import ENGINES, LLMS, STTS, TTSS, ServerConfig, default_cache_dir
 
 if TYPE_CHECKING:
     from rtc_server.engines import EngineFactory
+
+
+N = TypeVar("N", int, float)
 
 
 class EnvError(ValueError):
@@ -47,24 +50,23 @@ def _env_flag(environ: Mapping[str, str], flag: str) -> bool:
     raise EnvError(f"{_env_name(flag)}={raw!r}: use 1/true/yes/on or 0/false/no/off")
 
 
-def _env_int(environ: Mapping[str, str], flag: str, default: int) -> int:
+def _env_number(environ: Mapping[str, str], flag: str, default: N, kind: type[N]) -> N:
     raw = _env(environ, flag)
     if raw is None or not raw.strip():
         return default
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise EnvError(f"{_env_name(flag)}={raw!r}: not a whole number") from None
+        what = "a whole number" if kind is int else "a number"
+        raise EnvError(f"{_env_name(flag)}={raw!r}: not {what}") from None
+
+
+def _env_int(environ: Mapping[str, str], flag: str, default: int) -> int:
+    return _env_number(environ, flag, default, int)
 
 
 def _env_float(environ: Mapping[str, str], flag: str, default: float) -> float:
-    raw = _env(environ, flag)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise EnvError(f"{_env_name(flag)}={raw!r}: not a number") from None
+    return _env_number(environ, flag, float(default), float)
 
 
 def _env_list(environ: Mapping[str, str], flag: str) -> list[str]:
