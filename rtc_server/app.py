@@ -22,6 +22,7 @@ from rtc_server.headroom import Headroom, HeadroomSettings
 from rtc_server.ice import IceServers, announce_address, restrict_host_addresses
 from rtc_server.media.aiortc_compat import (
     negotiated_codec,
+    send_encoded_audio,
     set_sender_encoder,
     use_fast_audio_level,
 )
@@ -192,9 +193,8 @@ class SessionManager:
                     transceiver.sender.track is session.audio_track
                     and negotiated_codec(transceiver) == "audio/opus"
                 ):
-                    set_sender_encoder(
-                        transceiver.sender, ReplyOpusEncoder(on_frame=self._audio_sent)
-                    )
+                    session.audio_track.encode_with(ReplyOpusEncoder(on_frame=self._audio_sent))
+                    send_encoded_audio(transceiver.sender, session.audio_track.recv_encoded)
             negotiated = negotiated_codec(video)
             if negotiated == "video/H264":
                 set_sender_encoder(

@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,8 +132,6 @@ class AvatarSession:
         self.state = "listening"
         self.last_turn: dict[str, float] | None = None
         self._executor = executor
-        # VAD runs per call on its own thread: 50 small steps a second, never behind the STT.
-        self._vad_executor = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{self.id[:8]}")
         self._on_closed = on_closed
         self._connect_timeout_s = connect_timeout_s
         self._max_call_s = max_call_s
@@ -270,7 +268,6 @@ class AvatarSession:
                 # aiortc cannot close a peer whose answer it failed to create (a malformed
                 # offer leaves its SCTP transport without a DTLS one): the rest still goes.
                 self._log.exception("the peer connection failed to close")
-            self._vad_executor.shutdown(wait=False, cancel_futures=True)
             self._log.info("closed")
             if self._on_closed is not None:
                 await self._on_closed(self)
@@ -351,19 +348,15 @@ class AvatarSession:
         model = self.providers.vad
         vad = VADStream(model, self.settings.vad) if model is not None else None
         downsample = MicDownsampler(VAD_RATE)
-        loop = asyncio.get_running_loop()
-
-        def step(frame: av.AudioFrame) -> list[VADEvent]:
-            assert vad is not None
-            return vad.feed(downsample(frame))
-
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
                 if vad is None or self.providers.stt is None:
                     continue
                 assert isinstance(frame, av.AudioFrame)
-                for event in await loop.run_in_executor(self._vad_executor, step, frame):
+                # On the loop: a 20 ms frame costs ~0.1 ms (resampling, Silero in onnxruntime),
+                # less than a round trip through an executor thread would.
+                for event in vad.feed(downsample(frame)):
                     self._on_vad(event)
 
     def _on_vad(self, event: VADEvent) -> None:

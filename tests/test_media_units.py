@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fractions
 
 import aioice.ice
@@ -182,3 +183,33 @@ def test_the_numpy_audio_level_is_aiortcs() -> None:
         pcm = (rng.standard_normal(960) * scale).clip(-32768, 32767).astype(np.int16)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         assert audio_level_dbov(frame) == original(frame), scale
+
+
+def test_aiortc_still_takes_a_senders_encoded_frames_as_send_encoded_audio_assumes() -> None:
+    """send_encoded_audio replaces one sender's ``_next_encoded_frame(codec)``, which aiortc's
+    RTP loop awaits for an ``RTCEncodedFrame(payloads, timestamp, audio_level)``."""
+    import inspect
+
+    from aiortc import RTCRtpSender
+    from aiortc.rtcrtpsender import RTCEncodedFrame
+
+    from rtc_server.media.aiortc_compat import send_encoded_audio
+
+    assert inspect.iscoroutinefunction(RTCRtpSender._next_encoded_frame)
+    assert list(inspect.signature(RTCRtpSender._next_encoded_frame).parameters) == ["self", "codec"]
+    assert "self._next_encoded_frame(codec)" in inspect.getsource(RTCRtpSender._run_rtp)
+    frame = RTCEncodedFrame([b"x"], 960, -30)
+    assert (frame.payloads, frame.timestamp, frame.audio_level) == ([b"x"], 960, -30)
+
+    class Sender:  # only what the replacement touches
+        _enabled = True
+
+    async def source() -> tuple[bytes, int, int]:
+        return b"opus", 1920, -42
+
+    sender = Sender()
+    send_encoded_audio(sender, source)  # type: ignore[arg-type]
+    got = asyncio.run(sender._next_encoded_frame(None))  # type: ignore[attr-defined]
+    assert (got.payloads, got.timestamp, got.audio_level) == ([b"opus"], 1920, -42)
+    sender._enabled = False
+    assert asyncio.run(sender._next_encoded_frame(None)) is None  # type: ignore[attr-defined]

@@ -6,10 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import numpy as np
+import pytest
 
 from musetalk_core.segments import SegmentQueue
 from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
+from rtc_server.media.aiortc_compat import audio_level_dbov
 from rtc_server.media.clock import ManualClock, MonotonicClock
+from rtc_server.media.opus import ReplyOpusEncoder
 from rtc_server.media.scheduler import AVScheduler
 from rtc_server.media.tracks import AvatarAudioTrack, AvatarVideoTrack
 from tests.fakes import CountingEngine
@@ -124,6 +127,46 @@ async def test_speech_is_placed_after_the_engine_latency_and_both_tracks_share_a
     assert [f.pts for f in pcm] == [960 * i for i in range(8)]
     assert all(f.samples == 960 and f.format.name == "s16" for f in pcm)
     await scheduler.aclose()
+
+
+async def test_the_audio_track_encodes_as_the_encoder_would_for_aiortc() -> None:
+    """``recv_encoded`` (the sender's source, encoded on the loop) gives the bytes, RTP times
+    and levels of the same encoder fed the track's frames as aiortc feeds them."""
+    speech = np.concatenate([_speech(3), np.zeros(N * 10, np.int16)])  # speech, then silence
+    runs = []
+    for encoded_by_track in (True, False):
+        engine = CountingEngine()
+        clock = MonotonicClock()
+        scheduler = AVScheduler(engine, clock, lead_frames=3)
+        audio = AvatarAudioTrack(clock, scheduler)
+        encoder = ReplyOpusEncoder(silence_warmup=2)
+        audio.encode_with(encoder)
+        scheduler.start()
+        await scheduler.push_audio(AudioChunk(speech, 48_000), segment_id=0)
+        await scheduler.end_segment(0)
+        await _settle()
+        sent = []
+        for _ in range(len(speech) // 960 + 2):
+            if encoded_by_track:
+                sent.append(tuple(await audio.recv_encoded()))
+            else:
+                frame = await audio.recv()
+                (payload,), timestamp = encoder.encode(frame)
+                sent.append((payload, timestamp, audio_level_dbov(frame)))
+        runs.append((sent, encoder.encoded, encoder.replayed))
+        await scheduler.aclose()
+    (by_track, encoded, replayed), by_sender = runs
+    assert by_track == by_sender[0] and (encoded, replayed) == by_sender[1:]
+    assert [timestamp for _, timestamp, _ in by_track] == [960 * i for i in range(len(by_track))]
+    levels = [level for _, _, level in by_track]
+    assert levels[0] == -127 and max(levels) > -40 and levels[-1] == -127  # idle, speech, idle
+    assert replayed > 0 and encoded > 6  # the speech was coded, the long silence replayed
+
+
+async def test_recv_encoded_needs_an_encoder() -> None:
+    scheduler = AVScheduler(CountingEngine(), lead_frames=2)
+    with pytest.raises(RuntimeError, match="encode_with"):
+        await AvatarAudioTrack(MonotonicClock(), scheduler).recv_encoded()
 
 
 async def test_audio_never_starves_when_the_engine_gives_nothing() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import fractions
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import av
 import numpy as np
@@ -22,7 +22,9 @@ from aiortc.mediastreams import convert_timebase
 from av.frame import Frame
 from av.packet import Packet
 
-__all__ = ["BIT_RATE", "SILENCE_WARMUP", "ReplyOpusEncoder"]
+from rtc_server.media.aiortc_compat import samples_level_dbov
+
+__all__ = ["BIT_RATE", "SILENCE_WARMUP", "EncodedAudio", "ReplyOpusEncoder"]
 
 RATE = 48_000
 TIME_BASE = fractions.Fraction(1, RATE)
@@ -31,6 +33,14 @@ BIT_RATE = 64_000
 0.069 against 0.107 on the bundled voice), in 53 kb/s on the wire against 65."""
 SILENCE_WARMUP = 10
 """Silent frames encoded for real after sound, before the cached silent packet is replayed."""
+
+
+class EncodedAudio(NamedTuple):
+    payload: bytes
+    timestamp: int
+    """RTP time of the frame's first sample (48 kHz)."""
+    level: int
+    """Its RFC 6465 audio level (dBov, -127 to 0), sent in the packet's header extension."""
 
 
 class ReplyOpusEncoder(Encoder):
@@ -69,20 +79,43 @@ class ReplyOpusEncoder(Encoder):
             raise ValueError(f"the reply encoder takes 48 kHz mono s16, not {frame.format.name}")
         timestamp = convert_timebase(frame.pts, frame.time_base, TIME_BASE)
         samples = np.frombuffer(memoryview(frame.planes[0]), np.int16)[: frame.samples]
+        return self._payloads(samples, lambda: frame), timestamp
+
+    def encode_samples(self, pcm: np.ndarray, pts: int) -> EncodedAudio:
+        """One frame of 48 kHz mono s16 samples, stamped ``pts`` (in samples), as its Opus packet.
+
+        For a track that hands aiortc its audio encoded (``aiortc_compat.send_encoded_audio``):
+        on the event loop, without the executor round trip aiortc makes for every frame it
+        encodes itself, which costs more than encoding a 20 ms frame or replaying silence.
+        """
+
+        def frame() -> av.AudioFrame:
+            f = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+            f.sample_rate = RATE
+            f.pts = pts
+            f.time_base = TIME_BASE
+            return f
+
+        payloads = self._payloads(pcm, frame)
+        if len(payloads) != 1:  # libopus codes each 20 ms frame as one packet, at once
+            raise RuntimeError(f"libopus gave {len(payloads)} packets for one frame")
+        return EncodedAudio(payloads[0], pts, samples_level_dbov(pcm))
+
+    def _payloads(self, samples: np.ndarray, frame: Callable[[], av.AudioFrame]) -> list[bytes]:
         silent = not samples.any()
         self._silent_run = self._silent_run + 1 if silent else 0
         if silent and self._silence is not None and self._silent_run > self._warmup:
             self.replayed += 1
             if self._on_frame is not None:
                 self._on_frame(True)
-            return [self._silence], timestamp
-        payloads = [bytes(p) for p in self._codec.encode(frame)]
+            return [self._silence]
+        payloads = [bytes(p) for p in self._codec.encode(frame())]
         self.encoded += 1
         if self._on_frame is not None:
             self._on_frame(False)
         if silent and payloads:
             self._silence = payloads[-1]
-        return payloads, timestamp
+        return payloads
 
     def pack(self, packet: Packet[Any]) -> tuple[list[bytes], int]:
         if packet.pts is None or packet.time_base is None:

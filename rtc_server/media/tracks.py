@@ -6,9 +6,11 @@ import fractions
 import math
 
 import av
+import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from rtc_server.media.clock import AUDIO_PTIME, AUDIO_RATE, VIDEO_RATE, MonotonicClock
+from rtc_server.media.opus import EncodedAudio, ReplyOpusEncoder
 from rtc_server.media.scheduler import AVScheduler
 
 AUDIO_TIME_BASE = fractions.Fraction(1, AUDIO_RATE)
@@ -20,6 +22,9 @@ class AvatarAudioTrack(MediaStreamTrack):
 
     aiortc's Opus RTP timestamps count the samples delivered, so a skipped frame would shift
     audio against video for the rest of the call.
+
+    :meth:`recv_encoded` gives the same frames encoded (Opus, on the event loop), for a sender
+    that takes them so (``aiortc_compat.send_encoded_audio``).
     """
 
     kind = "audio"
@@ -34,8 +39,29 @@ class AvatarAudioTrack(MediaStreamTrack):
         self._samples = int(AUDIO_RATE * AUDIO_PTIME)
         if scheduler.engine.sample_rate != AUDIO_RATE:
             raise ValueError(f"engine sample rate {scheduler.engine.sample_rate} != {AUDIO_RATE}")
+        self._encoder: ReplyOpusEncoder | None = None
+
+    def encode_with(self, encoder: ReplyOpusEncoder) -> None:
+        """The encoder of :meth:`recv_encoded`."""
+        self._encoder = encoder
 
     async def recv(self) -> av.AudioFrame:
+        pcm, pts = await self._next()
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = AUDIO_RATE
+        frame.pts = pts
+        frame.time_base = AUDIO_TIME_BASE
+        return frame
+
+    async def recv_encoded(self) -> EncodedAudio:
+        """The next frame as its Opus packet, RTP time and level (see :meth:`encode_with`)."""
+        if self._encoder is None:
+            raise RuntimeError("recv_encoded needs an encoder: call encode_with first")
+        pcm, pts = await self._next()
+        return self._encoder.encode_samples(pcm, pts)
+
+    async def _next(self) -> tuple[np.ndarray, int]:
+        """The next frame's samples and its time in samples, at its instant on the clock."""
         if self.readyState != "live":
             raise MediaStreamError
         index = self._index
@@ -44,11 +70,7 @@ class AvatarAudioTrack(MediaStreamTrack):
         unit_index, part = divmod(index, self._per_unit)
         unit = self._scheduler.unit(unit_index, "audio")
         pcm = unit.audio.pcm[part * self._samples : (part + 1) * self._samples]
-        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = AUDIO_RATE
-        frame.pts = index * self._samples
-        frame.time_base = AUDIO_TIME_BASE
-        return frame
+        return pcm, index * self._samples
 
 
 STILL_REPEAT_S = 0.25
