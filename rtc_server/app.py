@@ -242,7 +242,7 @@ class SessionManager:
         return {"sessions": len(self.sessions), **self.headroom.snapshot()}
 
     def say(self, session_id: str, request: SayRequest) -> str:
-        return self.sessions[session_id].say(request.text, interrupt=request.interrupt)
+        return self.sessions[session_id].turns.say(request.text, interrupt=request.interrupt)
 
     async def close_session(self, session_id: str) -> bool:
         session = self.sessions.get(session_id)

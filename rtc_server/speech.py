@@ -35,7 +35,7 @@ class Segment:
     played: int = 0
     """Speaking frames of it presented to the tracks."""
     first_played_at: float | None = None
-    """time.monotonic() when its first frame was presented."""
+    """When its first frame was presented (the speech output's clock)."""
 
     @property
     def frames(self) -> int:
@@ -51,7 +51,7 @@ class Utterance:
 
     segments: list[Segment] = field(default_factory=list)
     first_push_at: float | None = None
-    """time.monotonic() when its first audio went into the engine."""
+    """When its first audio went into the engine (the speech output's clock)."""
 
     def played_text(self) -> str:
         """The sentences heard in full, plus the heard share of the words of a cut one."""
@@ -76,8 +76,15 @@ class Utterance:
 class SpeechOutput:
     """Serializes speech into the call's output: utterances play one after another."""
 
-    def __init__(self, output: AVScheduler, executor: Executor | None = None) -> None:
+    def __init__(
+        self,
+        output: AVScheduler,
+        executor: Executor | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.output = output
+        self._clock = clock
         self._executor = executor
         self._next_segment = 0
         self._segments: dict[int, Segment] = {}
@@ -91,8 +98,12 @@ class SpeechOutput:
         if seg is not None:
             seg.played += 1
             if seg.first_played_at is None:
-                seg.first_played_at = time.monotonic()
+                seg.first_played_at = self._clock()
             self._progress.set()
+
+    def clear(self) -> None:
+        """Drop all speech not yet played: queued audio, frames rendered ahead (barge-in)."""
+        self.output.clear()
 
     def is_live(self, segment_id: int) -> bool:
         return segment_id in self._segments
@@ -136,7 +147,7 @@ class SpeechOutput:
                         await self.output.push_audio(AudioChunk(pcm, rate), seg.segment_id)
                         seg.samples += len(pcm)
                         if utterance.first_push_at is None:
-                            utterance.first_push_at = time.monotonic()
+                            utterance.first_push_at = self._clock()
                 await self.output.end_segment(seg.segment_id)
                 seg.complete = True
                 self._progress.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,15 +41,17 @@ class Conversation:
 
 @dataclass
 class TurnTimer:
-    """Stage marks of one turn, on time.monotonic(); ``metrics()`` gives the turn event's names."""
+    """Stage marks of one turn, on the call's clock; ``metrics()`` gives the turn event's names."""
 
     speech_end: float
     """When the user stopped speaking (or sent the typed turn)."""
     vad_end_s: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    """The clock of the marks (the call's)."""
 
     def mark(self, name: str, at: float | None = None) -> None:
-        self.marks.setdefault(name, time.monotonic() if at is None else at)
+        self.marks.setdefault(name, self.clock() if at is None else at)
 
     def metrics(self) -> dict[str, float]:
         m = self.marks

@@ -108,7 +108,9 @@ async def test_barge_in_silences_the_reply(live_server: LiveServer) -> None:
         await asyncio.sleep(1.0)
         audio = client.received.audio[audio_start:]
         session = live_server.manager.sessions[client.session_id]
-        history = [m.content for m in session.conversation.messages() if m.role == "assistant"]
+        history = [
+            m.content for m in session.turns.conversation.messages() if m.role == "assistant"
+        ]
         full_reply = " ".join(e["text"] for e in client.events if e.get("type") == "response")
     finally:
         await client.close()

@@ -1,0 +1,331 @@
+"""A call's conversation without the network: what the caller does in, the avatar's speech and
+events out.
+
+In: the caller's VAD events (:meth:`TurnController.on_vad`), typed turns, says and interrupts,
+and each media unit as the tracks present it (:meth:`~TurnController.on_unit`, which drives the
+state). Out: replies and says spoken through the call's :class:`~rtc_server.speech.SpeechOutput`,
+and the data channel's events (``state``, ``transcript``, ``response``, ``turn``, ``error``)
+handed to a sink. Nothing here knows aiortc; the clock is injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rtc_server.call_tasks import CallTasks
+from rtc_server.media.scheduler import Unit
+from rtc_server.metrics import Metrics
+from rtc_server.providers.base import LLM, STT, TTS, ProviderError
+from rtc_server.sentences import SentenceSplitter, bounded_pieces
+from rtc_server.speech import SpeechOutput, Utterance
+from rtc_server.turns import DEFAULT_SYSTEM_PROMPT, Conversation, TurnTimer
+from rtc_server.vad import SAMPLE_RATE as VAD_RATE
+from rtc_server.vad import (
+    SileroModel,
+    SpeechEnd,
+    SpeechPause,
+    SpeechResume,
+    SpeechStart,
+    VADEvent,
+    VADParams,
+)
+from signaling.messages import MAX_TEXT_CHARS, ClientEvent
+
+APOLOGY = "Sorry, I ran into a problem answering that."
+PAUSE_TAIL = VAD_RATE // 5
+"""Silence (200 ms) added after the audio of a pause before it is transcribed."""
+
+EventSink = Callable[[dict[str, Any]], None]
+"""Takes one data-channel event (a JSON object)."""
+
+
+class CallState(enum.StrEnum):
+    """What the avatar is doing, as the ``state`` event names it."""
+
+    LISTENING = "listening"
+    THINKING = "thinking"
+    SPEAKING = "speaking"
+
+
+@dataclass(frozen=True, slots=True)
+class Providers:
+    """What a call talks with; shared by all calls of a process."""
+
+    tts: TTS
+    llm: LLM | None = None
+    stt: STT | None = None
+    vad: SileroModel | None = None
+    fallback_tts: TTS | None = None
+    """The local voice, for a spoken apology when a cloud TTS fails."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenSettings:
+    vad: VADParams = field(default_factory=VADParams)
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    history_chars: int = 6000
+    barge_in: bool = True
+    max_text_chars: int = MAX_TEXT_CHARS
+    """Longest say or typed turn on the data channel; longer ones get an error event."""
+
+
+class TurnController:
+    """Turns, barge-in, early transcription, says and the apology of one call."""
+
+    def __init__(
+        self,
+        providers: Providers,
+        speech: SpeechOutput,
+        *,
+        sink: EventSink,
+        tasks: CallTasks,
+        metrics: Metrics,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+        settings: ListenSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.providers = providers
+        self.speech = speech
+        self.settings = settings or ListenSettings()
+        self.conversation = Conversation(self.settings.system_prompt, self.settings.history_chars)
+        self.state = CallState.LISTENING
+        self.last_turn: dict[str, float] | None = None
+        """The stage metrics of the last finished turn."""
+        self.clock = clock
+        self.last_activity = clock()
+        """When the caller spoke, typed or a say came in, or the state last changed."""
+        self._sink = sink
+        self._tasks = tasks
+        self._metrics = metrics
+        self._log = log
+        self._speaking: set[asyncio.Task[Any]] = set()
+        """Tasks producing speech (says and replies): barge-in cancels them all."""
+        self._early_transcript: asyncio.Task[str] | None = None
+
+    # -- in --------------------------------------------------------------------------------
+
+    def on_vad(self, event: VADEvent) -> None:
+        self.touch()
+        if isinstance(event, SpeechStart):
+            if self.settings.barge_in and self.state is not CallState.LISTENING:
+                self._log.info("barge-in")
+                self.interrupt()
+        elif isinstance(event, SpeechPause):
+            # Transcribe while the hang-over runs: if the caller stays quiet, the text is
+            # (nearly) ready when the turn ends, instead of only starting then.
+            self._drop_early_transcript()
+            # The pause is declared on the first quiet chunk, so the audio stops right at the
+            # last sound; Whisper needs the silence after a word to hear its ending ("France"
+            # came out "friends" without it). The end-of-turn audio has it from the hang-over.
+            audio = np.concatenate([event.audio, np.zeros(PAUSE_TAIL, np.int16)])
+            self._early_transcript = self._tasks.spawn(
+                self._transcribe(audio), "early-stt", quiet=True
+            )
+        elif isinstance(event, SpeechResume):
+            self._drop_early_transcript()
+        elif isinstance(event, SpeechEnd):
+            timer = TurnTimer(self.clock() - (event.detected_at - event.at), clock=self.clock)
+            timer.vad_end_s = event.detected_at - event.at
+            early, self._early_transcript = self._early_transcript, None
+            self.interrupt()
+            self._start_turn(self._hear(event, timer, early))
+
+    def handle(self, event: ClientEvent) -> None:
+        """One valid message from the caller's data channel."""
+        self.touch()
+        if event.type == "say":
+            self.say(event.text)
+        elif event.type == "interrupt":
+            self.interrupt()
+        else:
+            self.typed(event.text)
+
+    def typed(self, text: str) -> None:
+        """A turn the caller typed: answered as if spoken, after what is playing is cut."""
+        self.touch()
+        if self.providers.llm is None:
+            self.send({"type": "error", "code": "not_available", "message": "no LLM is configured"})
+            return
+        self.interrupt()
+        self._start_turn(self._reply(text, TurnTimer(self.clock(), clock=self.clock)))
+
+    def say(self, text: str, *, interrupt: bool = False) -> str:
+        """Queue ``text`` to be spoken verbatim; returns its utterance id."""
+        self.touch()
+        if interrupt:
+            self.interrupt()
+        utterance_id = uuid.uuid4().hex
+        task = self._tasks.spawn(self._say(text), f"say-{utterance_id[:8]}")
+        self._speaking.add(task)
+        task.add_done_callback(self._speaking.discard)
+        self._metrics.utterances.inc()
+        return utterance_id
+
+    def interrupt(self) -> None:
+        """Stop speaking now: text queued, synthesis in flight and frames rendered are dropped."""
+        for task in list(self._speaking):
+            task.cancel()
+        self._speaking.clear()
+        self.speech.clear()
+        self._set_state(CallState.LISTENING)
+
+    def on_unit(self, index: int, unit: Unit) -> None:
+        """Called as each unit is presented: drives the state events."""
+        if unit.speaking and self.speech.is_live(unit.segment_id):
+            self.speech.on_unit(unit)
+            self._set_state(CallState.SPEAKING)
+        elif self.state is CallState.SPEAKING and not self._speaking:
+            self._set_state(CallState.LISTENING)
+
+    # -- out -------------------------------------------------------------------------------
+
+    def send(self, event: dict[str, Any]) -> None:
+        self._sink(event)
+
+    def error(self, code: str, message: str) -> None:
+        self.send({"type": "error", "code": code, "message": message})
+
+    def touch(self) -> None:
+        """Something happened in the call (for its idle limit)."""
+        self.last_activity = self.clock()
+
+    def _set_state(self, state: CallState) -> None:
+        if state is not self.state:
+            self.state = state
+            self.touch()
+            self.send({"type": "state", "state": state.value})
+
+    # -- turns -----------------------------------------------------------------------------
+
+    def _drop_early_transcript(self) -> None:
+        if self._early_transcript is not None:
+            self._early_transcript.cancel()
+            self._early_transcript = None
+
+    async def _transcribe(self, audio: np.ndarray) -> str:
+        stt = self.providers.stt
+        assert stt is not None
+        return await stt.transcribe(audio, VAD_RATE)
+
+    def _start_turn(self, coro: Awaitable[None]) -> None:
+        task = self._tasks.spawn(coro, "turn")
+        self._speaking.add(task)
+        task.add_done_callback(self._speaking.discard)
+
+    async def _hear(
+        self, event: SpeechEnd, timer: TurnTimer, early: asyncio.Task[str] | None
+    ) -> None:
+        self._set_state(CallState.THINKING)
+        # stt_ms counts from the end of the turn: the share of transcription the hang-over
+        # did not already hide.
+        timer.mark("stt_start")
+        try:
+            text = await (early if early is not None else self._transcribe(event.audio))
+        except ProviderError as exc:
+            self._log.warning("STT failed: %s", exc)
+            self.error(exc.code, f"speech recognition failed: {exc.message}")
+            await self._apologize()
+            return
+        timer.mark("stt_end")
+        if not text:
+            self._set_state(CallState.LISTENING)
+            return
+        self.send({"type": "transcript", "text": text, "final": True})
+        await self._reply(text, timer)
+
+    async def _reply(self, text: str, timer: TurnTimer) -> None:
+        llm = self.providers.llm
+        assert llm is not None
+        self._set_state(CallState.THINKING)
+        self.conversation.add("user", text)
+        utterance = Utterance()
+        try:
+            await self.speech.speak(
+                self.providers.tts,
+                self._sentences(llm, timer),
+                utterance,
+                on_tts_audio=lambda: timer.mark("tts_first_audio"),
+            )
+            if utterance.first_push_at is not None:
+                timer.mark("engine_first_push", utterance.first_push_at)
+            await self.speech.wait_played(utterance)
+        except ProviderError as exc:
+            self._log.warning("reply failed: %s", exc)
+            self.error(exc.code, exc.message)
+            await self._apologize()
+        except Exception:
+            # Not the provider's failure but ours: without the apology's speech the call
+            # would stay "thinking" (and never idle out).
+            self._log.exception("reply failed")
+            self.error("internal", "the reply failed")
+            await self._apologize()
+        finally:
+            self.conversation.add("assistant", utterance.played_text())
+            self.speech.forget(utterance)
+            if utterance.first_push_at is not None:
+                timer.mark("engine_first_push", utterance.first_push_at)
+            if utterance.first_played_at is not None:
+                timer.mark("first_frame", utterance.first_played_at)
+            self._finish_turn(timer)
+
+    async def _sentences(self, llm: LLM, timer: TurnTimer) -> AsyncGenerator[str, None]:
+        splitter = SentenceSplitter()
+        timer.mark("llm_start")
+        async for delta in llm.stream(self.conversation.messages()):
+            timer.mark("llm_first_token")
+            for sentence in splitter.feed(delta):
+                self.send({"type": "response", "text": sentence})
+                timer.mark("tts_start")
+                yield sentence
+        for rest in splitter.flush():
+            self.send({"type": "response", "text": rest})
+            timer.mark("tts_start")
+            yield rest
+
+    def _finish_turn(self, timer: TurnTimer) -> None:
+        metrics = timer.metrics()
+        self.last_turn = metrics
+        for name, value in metrics.items():
+            self._metrics.turn_stage.labels(name.removesuffix("_ms")).observe(value / 1000)
+        self.send({"type": "turn", "turn_id": uuid.uuid4().hex, "metrics": metrics})
+
+    async def _apologize(self) -> None:
+        voice = self.providers.fallback_tts or self.providers.tts
+        utterance = Utterance()
+        with contextlib.suppress(ProviderError):
+            await self.speech.speak(voice, _one(APOLOGY), utterance)
+            await self.speech.wait_played(utterance)
+        self.speech.forget(utterance)
+
+    async def _say(self, text: str) -> None:
+        utterance = Utterance()
+        try:
+            await self.speech.speak(self.providers.tts, _pieces(text), utterance)
+            await self.speech.wait_played(utterance)
+        except ProviderError as exc:
+            self.error(exc.code, f"speech synthesis failed: {exc.message}")
+        except Exception:
+            self._log.exception("say failed")
+            self.error("internal", "speech synthesis failed")
+        finally:
+            self.speech.forget(utterance)
+
+
+async def _pieces(text: str) -> AsyncGenerator[str, None]:
+    """A say's text in pieces short enough that barge-in and hang-up can cut in between."""
+    for piece in bounded_pieces(text):
+        yield piece
+
+
+async def _one(text: str) -> AsyncGenerator[str, None]:
+    yield text
