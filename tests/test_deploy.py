@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -11,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from rtc_server import cli
 from rtc_server.app import create_app
 from rtc_server.cli import build_parser
 from rtc_server.config import ServerConfig
 from rtc_server.metrics import Metrics
+from rtc_server.options import SERVE_OPTIONS, config_from, env_default, option
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S = DEPLOY / "k8s"
@@ -52,18 +51,8 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 
 def _env_flags() -> dict[str, str]:
-    """AVATAR_RTC_<FLAG> name -> flag, for every serve flag the CLI reads from the environment."""
-    source = inspect.getsource(cli)
-    read = set(
-        re.findall(r"_env(?:_list|_int|_float|_flag)?\(environ, \"([a-z0-9-]+)\"[,)]", source)
-    )
-    flags = {}
-    for action in _serve_parser()._actions:
-        for option in action.option_strings:
-            name = option.removeprefix("--")
-            if option.startswith("--") and name in read:
-                flags["AVATAR_RTC_" + name.upper().replace("-", "_")] = name
-    return flags
+    """AVATAR_RTC_<FLAG> name -> flag, for every serve option (the options table)."""
+    return {o.env: o.flag for o in SERVE_OPTIONS}
 
 
 def _compose_env() -> dict[str, str]:
@@ -102,21 +91,8 @@ def test_env_vars_are_real_flags_with_valid_values(source: str) -> None:
     unknown = used - set(_env_flags())
     assert not unknown, f"{source} sets variables no flag reads: {sorted(unknown)}"
     # The values parse as the CLI parses them, and the configuration they make is valid.
-    args = build_parser(env).parse_args(["serve"])
-    ServerConfig(
-        host=args.host,
-        port=args.port,
-        engine=args.engine,
-        max_sessions=args.max_sessions,
-        idle_timeout_s=args.idle_timeout_s,
-        max_say_chars=args.max_say_chars,
-        drain_timeout_s=args.drain_timeout_s,
-        turn_secret=args.turn_secret,
-        turn_urls=tuple(cli._env_list(env, "turn-url")),
-        turn_ttl_s=args.turn_ttl_s,
-        public_address=args.public_address or None,
-        ice_addresses=tuple(cli._env_list(env, "ice-address")),
-    )
+    config = config_from(build_parser(env).parse_args(["serve"]), env)
+    assert config.turn_urls == tuple(env_default(option("turn-url"), env))
 
 
 def _routes() -> set[str]:
@@ -172,7 +148,7 @@ def test_coturn_checks_the_credentials_the_server_mints() -> None:
     assert "/etc/coturn/turnserver.conf" in coturn["command"]
     assert any(v.startswith("./turnserver.conf:") for v in coturn["volumes"])
     # The TURN URLs handed to browsers name coturn's port.
-    urls = cli._env_list(_compose_env(), "turn-url")
+    urls = env_default(option("turn-url"), _compose_env())
     assert urls and all(f":{conf['listening-port']}?" in u for u in urls)
     assert int(conf["min-port"]) < int(conf["max-port"])
 

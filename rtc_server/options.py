@@ -1,0 +1,359 @@
+"""The options of ``avatar-rtc serve``, declared once.
+
+:data:`SERVE_OPTIONS` is the one table: each option's flag, type, default, environment
+variable (``AVATAR_RTC_<FLAG>``), help and the config field it fills. The command line
+(:func:`add_options`), the environment's parsing (:func:`env_default`, errors as
+:class:`EnvError`), the :class:`~rtc_server.config.ServerConfig` (:func:`config_from`) and the
+README's options section (:func:`markdown`, ``python -m rtc_server.options``) all come from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rtc_server.config import ENGINES, LLMS, STTS, TTSS, ServerConfig, default_cache_dir
+
+
+class EnvError(ValueError):
+    """An ``AVATAR_RTC_*`` variable whose value its option cannot take."""
+
+
+class Kind(enum.Enum):
+    VALUE = "value"
+    SWITCH = "switch"
+    """``--flag`` alone turns it on; in the environment 1/true/yes/on or 0/false/no/off."""
+    LIST = "list"
+    """Repeatable; in the environment a comma-separated list."""
+
+
+GROUPS = {
+    "server": "the HTTP server and its processes",
+    "access": "who may call",
+    "network": "how media reaches the caller",
+    "engine": "the avatar and its lip-sync engine",
+    "conversation": "speech in and out; keys come from OPENAI_API_KEY, OPENAI_BASE_URL and "
+    "ELEVENLABS_API_KEY",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    flag: str
+    """Without the dashes: ``max-sessions``."""
+    group: str
+    help: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    kind: Kind = Kind.VALUE
+    choices: tuple[str, ...] | None = None
+    field: str | None = None
+    """The ServerConfig field it fills (default: the flag with underscores; a LIST's field is
+    its plural, given here)."""
+    to_config: Callable[[Any], Any] | None = None
+    """How the parsed value becomes the field's (default: as it is)."""
+    in_config: bool = True
+    """False: the command reads it itself (``--workers`` shapes the processes)."""
+
+    @property
+    def dest(self) -> str:
+        return self.flag.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "AVATAR_RTC_" + self.flag.upper().replace("-", "_")
+
+
+def _or_none(value: Any) -> Any:
+    return value or None
+
+
+def _not(value: bool) -> bool:
+    return not value
+
+
+SERVE_OPTIONS: tuple[Option, ...] = (
+    Option("host", "server", "address to listen on", default="127.0.0.1"),
+    Option("port", "server", "port to listen on", int, 8080),
+    Option(
+        "workers",
+        "server",
+        "media worker processes behind one HTTP front, each loading its own models "
+        "(0: one per core; 1: a single process, no front)",
+        int,
+        0,
+        in_config=False,
+    ),
+    Option("max-sessions", "server", "concurrent calls of the whole server (all workers)", int, 8),
+    Option(
+        "cpu-limit",
+        "server",
+        "cores a process may use before it refuses new calls with 503 at_capacity "
+        "(unset or 0: 90 % of its share of the cores)",
+        float,
+        None,
+        to_config=_or_none,
+    ),
+    Option(
+        "no-headroom",
+        "server",
+        "take calls up to --max-sessions whatever the load (no admission by headroom)",
+        kind=Kind.SWITCH,
+        field="headroom",
+        to_config=_not,
+    ),
+    Option(
+        "drain-timeout-s",
+        "server",
+        "on SIGTERM, take no new calls and let running ones go on this long, then exit",
+        float,
+        30.0,
+    ),
+    Option("max-call-s", "server", "calls are closed after this many seconds", float, 3600.0),
+    Option(
+        "idle-timeout-s",
+        "server",
+        "close a call after this many seconds without caller speech, text or say (0: never)",
+        float,
+        300.0,
+    ),
+    Option(
+        "max-say-chars",
+        "server",
+        "longest text of a say or a typed turn (HTTP 413 / an error event beyond)",
+        int,
+        2000,
+    ),
+    Option(
+        "cache-dir",
+        "server",
+        "prepared avatars and other caches (unset: ~/.cache/avatar-rtc)",
+        Path,
+        None,
+        to_config=lambda v: v or default_cache_dir(),
+    ),
+    Option("cert-file", "server", "HTTPS certificate (PEM), with --key-file", Path),
+    Option("key-file", "server", "HTTPS private key (PEM), with --cert-file", Path),
+    Option(
+        "allowed-origin",
+        "access",
+        "browser origin (scheme://host:port) that may call the API besides the server's own "
+        "(repeatable)",
+        kind=Kind.LIST,
+        field="allowed_origins",
+    ),
+    Option(
+        "api-key",
+        "access",
+        "turn token auth on: POST /token with this key mints call tokens",
+        to_config=_or_none,
+    ),
+    Option(
+        "rate-limit-per-min",
+        "access",
+        "/offer and /token requests per client address and minute (0: no limit)",
+        int,
+        60,
+    ),
+    Option(
+        "ice-address",
+        "network",
+        "host address ICE may use (repeatable; unset: all interfaces)",
+        kind=Kind.LIST,
+        field="ice_addresses",
+    ),
+    Option(
+        "ice-server",
+        "network",
+        "STUN/TURN server, stun:host:port or turn:user:password@host:port (repeatable)",
+        kind=Kind.LIST,
+        field="ice_servers",
+    ),
+    Option(
+        "turn-secret",
+        "network",
+        "coturn's static-auth-secret: mint time-limited TURN credentials for --turn-url",
+        to_config=_or_none,
+    ),
+    Option(
+        "turn-url",
+        "network",
+        "TURN server for minted credentials, turn:host:3478?transport=udp (repeatable)",
+        kind=Kind.LIST,
+        field="turn_urls",
+    ),
+    Option("turn-ttl-s", "network", "how long minted TURN credentials stay valid", int, 3600),
+    Option(
+        "public-address",
+        "network",
+        "NAT 1:1: IP announced in host candidates instead of the local one (ports kept)",
+        to_config=_or_none,
+    ),
+    Option("avatar", "engine", "portrait image or video (unset: the built-in avatar)", Path, None),
+    Option("engine", "engine", "the lip-sync engine", default="auto", choices=ENGINES),
+    Option(
+        "weights-dir",
+        "engine",
+        "MuseTalk weights (unset: ~/.cache/avatar-rtc/musetalk)",
+        Path,
+        None,
+    ),
+    Option(
+        "musetalk-device",
+        "engine",
+        "auto (CUDA when present), cuda, cuda:N or cpu",
+        default="auto",
+    ),
+    Option("musetalk-batch", "engine", "largest MuseTalk batch, shared by all calls", int, 16),
+    Option(
+        "musetalk-compile",
+        "engine",
+        "torch.compile the UNet and VAE decoder (slow start, faster on CUDA)",
+        kind=Kind.SWITCH,
+    ),
+    Option("stt", "conversation", "speech recognition", default="auto", choices=STTS),
+    Option("llm", "conversation", "the replies' language model", default="auto", choices=LLMS),
+    Option("tts", "conversation", "the voice", default="auto", choices=TTSS),
+    Option("llm-model", "conversation", "the OpenAI-compatible model", default="gpt-4o-mini"),
+    Option("max-tokens", "conversation", "cap on each reply's length", int, 150),
+    Option(
+        "system-prompt",
+        "conversation",
+        "the LLM's instructions (unset: a short built-in prompt asking for one or two spoken "
+        "sentences)",
+    ),
+    Option("openai-tts-voice", "conversation", "OpenAI TTS voice", default="alloy"),
+    Option("elevenlabs-voice", "conversation", "ElevenLabs voice id"),
+    Option(
+        "piper-deterministic",
+        "conversation",
+        "the local voice without its sampled variation: the same text, the same audio "
+        "(benchmarks and tests)",
+        kind=Kind.SWITCH,
+    ),
+    Option("vad-hangover-ms", "conversation", "silence that ends the caller's turn", int, 500),
+    Option(
+        "no-barge-in",
+        "conversation",
+        "do not stop the avatar when the caller starts speaking",
+        kind=Kind.SWITCH,
+        field="barge_in",
+        to_config=_not,
+    ),
+)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def option(flag: str) -> Option:
+    for o in SERVE_OPTIONS:
+        if o.flag == flag:
+            return o
+    raise KeyError(flag)
+
+
+def env_default(o: Option, environ: Mapping[str, str]) -> Any:
+    """``o``'s value from the environment, parsed as its flag's would be; unset: its default."""
+    raw = environ.get(o.env)
+    if o.kind is Kind.LIST:
+        return [v.strip() for v in raw.split(",") if v.strip()] if raw else []
+    if o.kind is Kind.SWITCH:
+        word = (raw or "").strip().lower()
+        if word in _FALSE:
+            return False
+        if word in _TRUE:
+            return True
+        raise EnvError(f"{o.env}={raw!r}: use 1/true/yes/on or 0/false/no/off")
+    if raw is None or not raw.strip():
+        return o.default
+    try:
+        value = o.type(raw.strip())
+    except ValueError:
+        what = "a whole number" if o.type is int else "a number" if o.type is float else "valid"
+        raise EnvError(f"{o.env}={raw!r}: not {what}") from None
+    if o.choices is not None and value not in o.choices:
+        raise EnvError(f"{o.env}={raw!r}: one of {', '.join(o.choices)}")
+    return value
+
+
+def add_options(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str], options: Iterable[Option]
+) -> None:
+    """The options' flags, in their groups, each defaulting to its environment variable."""
+    groups: dict[str, Any] = {}
+    for o in options:
+        if o.group not in groups:
+            groups[o.group] = parser.add_argument_group(o.group, GROUPS[o.group])
+        group = groups[o.group]
+        name, helptext = "--" + o.flag, o.help.replace("%", "%%") + f" [{o.env}]"
+        if o.kind is Kind.SWITCH:
+            group.add_argument(
+                name, action="store_true", default=env_default(o, environ), help=helptext
+            )
+        elif o.kind is Kind.LIST:
+            # The environment's list is merged in config_from: argparse would append the
+            # command line's values to it instead of replacing it.
+            env_default(o, environ)
+            group.add_argument(name, action="append", default=None, help=helptext)
+        else:
+            group.add_argument(
+                name,
+                type=o.type,
+                choices=o.choices,
+                default=env_default(o, environ),
+                help=helptext,
+            )
+
+
+def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
+    """The server's config from parsed ``serve`` flags; the provider keys from the environment."""
+    values: dict[str, Any] = {}
+    for o in SERVE_OPTIONS:
+        if not o.in_config:
+            continue
+        value = getattr(args, o.dest)
+        if o.kind is Kind.LIST:
+            value = tuple(value or env_default(o, environ))
+        if o.to_config is not None:
+            value = o.to_config(value)
+        values[o.field or o.dest] = value
+    return ServerConfig(
+        **values,
+        openai_api_key=environ.get("OPENAI_API_KEY") or None,
+        openai_base_url=environ.get("OPENAI_BASE_URL") or None,
+        elevenlabs_api_key=environ.get("ELEVENLABS_API_KEY") or None,
+        elevenlabs_base_url=environ.get("ELEVENLABS_BASE_URL") or None,
+    )
+
+
+def _shown_default(o: Option) -> str:
+    if o.kind is Kind.SWITCH:
+        return "off"
+    if o.kind is Kind.LIST or o.default is None:
+        return ""
+    return f"`{o.default}`"
+
+
+def markdown() -> str:
+    """The README's options section: every option, its variable and default, by group."""
+    lines = []
+    for group, about in GROUPS.items():
+        lines += [f"**{group}**: {about}", "", "| flag | environment | default | meaning |"]
+        lines.append("| --- | --- | --- | --- |")
+        for o in SERVE_OPTIONS:
+            if o.group != group:
+                continue
+            flag = f"`--{o.flag}`" + (f" ({', '.join(o.choices)})" if o.choices else "")
+            meaning = o.help.replace("|", "\\|")
+            lines.append(f"| {flag} | `{o.env}` | {_shown_default(o)} | {meaning} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,98 @@
+"""The options table drives argparse, the environment and the README, and they agree."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from rtc_server.cli import build_parser
+from rtc_server.config import ServerConfig
+from rtc_server.options import (
+    SERVE_OPTIONS,
+    EnvError,
+    Kind,
+    Option,
+    config_from,
+    env_default,
+    markdown,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _serve_actions() -> dict[str, argparse.Action]:
+    parser = build_parser({})
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    serve = sub.choices["serve"]
+    return {
+        o.removeprefix("--"): a
+        for a in serve._actions
+        for o in a.option_strings
+        if o.startswith("--") and o != "--help"
+    }
+
+
+def test_every_serve_flag_is_in_the_table_and_the_table_is_every_flag() -> None:
+    actions = _serve_actions()
+    assert set(actions) == {o.flag for o in SERVE_OPTIONS}
+    for o in SERVE_OPTIONS:
+        action = actions[o.flag]
+        assert o.env in (action.help or ""), o.flag  # the help names its variable
+        if o.kind is Kind.VALUE:
+            assert action.default == o.default and action.choices == o.choices, o.flag
+
+
+def test_the_readme_shows_the_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = re.search(r"<!-- options:start -->\n(.*?)<!-- options:end -->", readme, re.S)
+    assert section, "README.md lost its generated options section"
+    assert section.group(1) == markdown(), "run: python -m rtc_server.options"
+
+
+def test_defaults_make_the_default_config() -> None:
+    config = config_from(build_parser({}).parse_args(["serve"]), {})
+    assert config == ServerConfig()
+
+
+def test_every_option_fills_a_config_field_or_says_it_does_not() -> None:
+    fields = {f.name for f in dataclasses.fields(ServerConfig)}
+    for o in SERVE_OPTIONS:
+        if o.in_config:
+            assert (o.field or o.dest) in fields, o.flag
+
+
+NUMBERS = [o for o in SERVE_OPTIONS if o.type in (int, float)]
+
+
+@pytest.mark.parametrize("o", NUMBERS, ids=[o.flag for o in NUMBERS])
+def test_a_number_option_refuses_what_is_not_a_number(o: Option) -> None:
+    with pytest.raises(EnvError, match=re.escape(f"{o.env}='ten'")):
+        env_default(o, {o.env: "ten"})
+    assert env_default(o, {o.env: " 7 "}) == 7
+
+
+def test_values_from_the_environment_reach_the_config_and_flags_win() -> None:
+    env = {
+        "AVATAR_RTC_PORT": "9001",
+        "AVATAR_RTC_NO_BARGE_IN": "yes",
+        "AVATAR_RTC_ICE_ADDRESS": "127.0.0.1, ::1",
+        "AVATAR_RTC_ENGINE": "warp",
+        "AVATAR_RTC_CPU_LIMIT": "0",
+        "AVATAR_RTC_API_KEY": "",
+    }
+    config = config_from(build_parser(env).parse_args(["serve"]), env)
+    assert (config.port, config.barge_in, config.engine) == (9001, False, "warp")
+    assert config.ice_addresses == ("127.0.0.1", "::1")
+    assert config.cpu_limit is None and config.api_key is None  # 0 and empty: unset
+    args = build_parser(env).parse_args(["serve", "--ice-address", "127.0.0.2", "--port", "5"])
+    config = config_from(args, env)
+    assert config.ice_addresses == ("127.0.0.2",) and config.port == 5
+
+
+def test_a_choice_outside_its_choices_names_the_variable() -> None:
+    with pytest.raises(EnvError, match="AVATAR_RTC_ENGINE='gpu'.*auto, musetalk, warp"):
+        build_parser({"AVATAR_RTC_ENGINE": "gpu"})
