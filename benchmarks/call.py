@@ -16,7 +16,7 @@ from benchmarks.client import CallClient
 from benchmarks.report import progress, summary
 from rtc_server.app import MANAGER, create_app
 from rtc_server.config import ServerConfig
-from rtc_server.engines import EngineFactory, load_engine_factory
+from rtc_server.engine_factory import EngineFactory, load_engine_factory
 
 SAYS = (
     "Hello there, it is good to see you today.",

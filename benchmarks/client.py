@@ -25,8 +25,12 @@ from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCConfiguration
 
-from benchmarks.aiortc_compat import negotiated_codec, stop_decoding, wrap_rtp_handler
-from rtc_server.ice import restrict_host_addresses
+from rtc_server.aiortc_compat import (
+    negotiated_codec,
+    restrict_host_addresses,
+    stop_decoding,
+    wrap_rtp_handler,
+)
 
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from musetalk_core.types import AudioChunk
 from rtc_server.config import ServerConfig
-from rtc_server.engines import EngineFactory, load_engine_factory
+from rtc_server.engine_factory import EngineFactory, load_engine_factory
 from rtc_server.media.resample import resample_int16
 from rtc_server.providers.piper_tts import PiperTTS
 

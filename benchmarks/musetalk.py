@@ -49,15 +49,13 @@ def run(
     blend_size: tuple[int, int] = (1280, 720),
 ) -> dict[str, Any]:
     from benchmarks.clip import PARAGRAPH, speech_pcm
-    from musetalk_core.avatar import builtin_portrait
     from musetalk_core.blending import time_blends
-    from musetalk_core.engine import MuseTalkEngine, MuseTalkRuntime
+    from musetalk_core.engine import MuseTalkEngine
     from musetalk_core.features import Downsampler
-    from musetalk_core.inference import compile_models as compile_all
     from musetalk_core.inference import decode_faces, predict_latents
-    from musetalk_core.material import prepare_musetalk_avatar
-    from musetalk_core.models import load_models, resolve_placement
+    from musetalk_core.loading import load_musetalk
     from musetalk_core.tiny import build_random_weights
+    from musetalk_core.warp_avatar import builtin_portrait
 
     with tempfile.TemporaryDirectory(prefix="bench-musetalk-") as tmp:
         if weights_dir is None:
@@ -66,17 +64,19 @@ def run(
             source = f"random-{random}"
         else:
             source = str(weights_dir)
-        placement = resolve_placement(device)
-        t0 = time.perf_counter()
-        models = load_models(weights_dir, placement)
-        load_ms = (time.perf_counter() - t0) * 1000
-        if compile_models:
-            compile_all(models)
-        _progress(f"loaded on {placement} in {load_ms:.0f} ms; preparing the avatar ...")
-        material = prepare_musetalk_avatar(
-            builtin_portrait(), models.encode_crops, encoder_id=source, cache_dir=Path(tmp) / "c"
+        _progress("loading the weights and preparing the avatar ...")
+        loaded = load_musetalk(
+            weights_dir,
+            builtin_portrait(),
+            cache_dir=Path(tmp) / "c",
+            device=device,
+            compile_models=compile_models,
+            encoder_id=source,
         )
-        runtime = MuseTalkRuntime(models, material, max_batch=max(batch_sizes), first_batch=2)
+        models, material, placement = loaded.models, loaded.material, loaded.placement
+        load_ms = loaded.load_ms
+        _progress(f"loaded on {placement} in {load_ms:.0f} ms")
+        runtime = loaded.runtime(max_batch=max(batch_sizes), first_batch=2)
         speech = asyncio.run(speech_pcm(PARAGRAPH.split(".")[0] + "."))
         speech16 = Downsampler().process(speech)
         dev = placement.device

@@ -19,7 +19,7 @@ from benchmarks.call import _server
 from benchmarks.client import CallClient
 from benchmarks.report import progress, summary
 from musetalk_core.synctest import SyncTestEngine
-from rtc_server.engines import VIDEO_FPS, EngineFactory
+from rtc_server.engine_factory import VIDEO_FPS, EngineFactory
 from rtc_server.media.clock import AUDIO_RATE
 
 OPUS_DECODER_DELAY_S = 312 / 48_000

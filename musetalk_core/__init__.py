@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from .types import AudioChunk, AvatarFrame, LipSyncEngine
 
 if TYPE_CHECKING:
-    from .avatar import (
+    from .warp import WarpEngine, WarpRenderer, mouth_shape
+    from .warp_avatar import (
         AvatarError,
         NoFaceError,
         WarpAvatar,
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
         load_portrait,
         prepare_avatar,
     )
-    from .warp import WarpEngine, WarpRenderer, mouth_shape
 
 __all__ = [
     "AudioChunk",
@@ -39,12 +39,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "AvatarError": ".avatar",
-    "NoFaceError": ".avatar",
-    "WarpAvatar": ".avatar",
-    "builtin_portrait": ".avatar",
-    "load_portrait": ".avatar",
-    "prepare_avatar": ".avatar",
+    "AvatarError": ".warp_avatar",
+    "NoFaceError": ".warp_avatar",
+    "WarpAvatar": ".warp_avatar",
+    "builtin_portrait": ".warp_avatar",
+    "load_portrait": ".warp_avatar",
+    "prepare_avatar": ".warp_avatar",
     "WarpEngine": ".warp",
     "WarpRenderer": ".warp",
     "mouth_shape": ".warp",

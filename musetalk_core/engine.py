@@ -37,8 +37,8 @@ import torch
 from .blending import blend_crop, blend_crop_torch
 from .features import DEFAULT_LOOKAHEAD_S, Downsampler, FeatureStream, WhisperFeatures
 from .inference import StageTimes, infer_batch
-from .material import MuseTalkAvatar
 from .models import MuseTalkModels
+from .musetalk_avatar import MuseTalkAvatar
 from .types import AudioChunk, AvatarFrame
 from .worker import InferenceWorker, RenderRequest
 

@@ -27,9 +27,9 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from .avatar import WarpAvatar
 from .segments import SegmentQueue
 from .types import AudioChunk, AvatarFrame
+from .warp_avatar import WarpAvatar
 
 __all__ = ["WarpEngine", "WarpRenderer", "mouth_shape"]
 

@@ -15,21 +15,22 @@ from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from musetalk_core.types import LipSyncEngine
-from rtc_server.config import ServerConfig
-from rtc_server.embed import add_embed_route
-from rtc_server.engines import EngineFactory, load_engine_factory
-from rtc_server.headroom import Headroom, HeadroomSettings
-from rtc_server.ice import IceServers, announce_address, restrict_host_addresses
-from rtc_server.media.aiortc_compat import (
+from rtc_server.aiortc_compat import (
     negotiated_codec,
+    restrict_host_addresses,
     send_encoded_audio,
     set_sender_encoder,
     use_fast_audio_level,
 )
-from rtc_server.media.fallback import ResilientEngine
+from rtc_server.config import ServerConfig
+from rtc_server.embed import add_embed_route
+from rtc_server.engine_factory import EngineFactory, load_engine_factory
+from rtc_server.headroom import Headroom, HeadroomSettings
+from rtc_server.ice import IceServers, announce_address
 from rtc_server.media.h264 import TunedH264Encoder
 from rtc_server.media.inbound import low_latency_audio
 from rtc_server.media.opus import ReplyOpusEncoder
+from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.memory import MemoryReleaser, limit_arenas
 from rtc_server.metrics import Metrics
 from rtc_server.providers.registry import Choice, load_providers

@@ -8,7 +8,6 @@ wins. The options are declared once, in ``rtc_server/options.py``.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import ssl
 import sys
@@ -16,7 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rtc_server import __version__
 from rtc_server.config import ServerConfig, default_cache_dir
+from rtc_server.logs import configure_logging
 from rtc_server.options import (
     SERVE_OPTIONS,
     EnvError,
@@ -27,13 +28,14 @@ from rtc_server.options import (
 )
 
 if TYPE_CHECKING:
-    from rtc_server.engines import EngineFactory
+    from rtc_server.engine_factory import EngineFactory
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="avatar-rtc", description=__doc__, formatter_class=fmt)
     parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.add_argument("--version", action="version", version=f"avatar-rtc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser(
@@ -113,9 +115,9 @@ def cores() -> int:
 def prepare(config: ServerConfig) -> EngineFactory:
     """What a server checks before serving: the ICE servers, the portrait (the engine factory).
 
-    Raises ValueError or ``musetalk_core.avatar.AvatarError`` with a message for the user.
+    Raises ValueError or ``musetalk_core.warp_avatar.AvatarError`` with a message for the user.
     """
-    from rtc_server.engines import load_engine_factory
+    from rtc_server.engine_factory import load_engine_factory
     from rtc_server.ice import IceServers
 
     IceServers.from_config(config.ice_servers)  # a malformed --ice-server stops here
@@ -126,7 +128,7 @@ def prepare(config: ServerConfig) -> EngineFactory:
 def _serve_alone(config: ServerConfig) -> int:
     import asyncio
 
-    from musetalk_core.avatar import AvatarError
+    from musetalk_core.warp_avatar import AvatarError
     from rtc_server.app import create_app
     from rtc_server.serving import serve
 
@@ -173,7 +175,7 @@ def quiet_telemetry() -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from musetalk_core.avatar import AvatarError, load_portrait, prepare_avatar
+    from musetalk_core.warp_avatar import AvatarError, load_portrait, prepare_avatar
     from musetalk_core.weights import WeightsError
 
     out = args.out or default_cache_dir() / "avatars"
@@ -190,10 +192,9 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _prepare_musetalk(args: argparse.Namespace) -> int:
-    from musetalk_core.material import prepare_musetalk_avatar
-    from musetalk_core.models import load_models, resolve_placement
-    from musetalk_core.weights import WeightsError, check_layout, weights_id
-    from rtc_server.engines import weights_dir
+    from musetalk_core.loading import load_musetalk
+    from musetalk_core.weights import WeightsError, check_layout
+    from rtc_server.engine_factory import weights_dir
 
     config = ServerConfig(weights_dir=args.weights_dir, musetalk_device=args.musetalk_device)
     folder = weights_dir(config)
@@ -204,17 +205,16 @@ def _prepare_musetalk(args: argparse.Namespace) -> int:
             raise
         print(f"musetalk: skipped ({exc})")
         return 0
-    models = load_models(folder, resolve_placement(args.musetalk_device))
     out = args.out or default_cache_dir() / "musetalk-avatars"
-    material = prepare_musetalk_avatar(
+    material = load_musetalk(
+        folder,
         args.source,
-        models.encode_crops,
-        encoder_id=weights_id(folder),
         cache_dir=out,
+        device=args.musetalk_device,
         bbox_shift=args.bbox_shift,
         extra_margin=args.extra_margin,
         progress=True,
-    )
+    ).material
     state = "cache hit" if material.cache_hit else "prepared"
     print(
         f"musetalk: {args.source}: {state}, {material.source_frames} source frames, "
@@ -263,7 +263,7 @@ def _doctor() -> int:
     import aiortc
     import av
 
-    from rtc_server.engines import load_engine_factory, musetalk_choice
+    from rtc_server.engine_factory import load_engine_factory, musetalk_choice
 
     print(f"python {sys.version.split()[0]}, aiortc {aiortc.__version__}, av {av.__version__}")
     has_x264 = "libx264" in av.codecs_available
@@ -289,16 +289,6 @@ def _doctor() -> int:
     return 0
 
 
-def configure_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 1 else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if verbose < 2:
-        for noisy in ("aioice", "aiortc", "aiohttp.access"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     try:
@@ -307,7 +297,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"avatar-rtc: error: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
-    configure_logging(args.verbose)
+    configure_logging(args.verbose, getattr(args, "log_format", "text"))
     if args.command == "serve":
         return _serve(args, environ)
     if args.command == "prepare-avatar":

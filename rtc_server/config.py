@@ -71,6 +71,8 @@ class ServerConfig:
     """How long minted TURN credentials stay valid."""
     public_address: str | None = None
     """NAT 1:1: the address announced in host candidates instead of the gathered one."""
+    log_format: str = "text"
+    """"text", or "json": one JSON object a line (rtc_server/logs.py)."""
     drain_timeout_s: float = 30.0
     """On SIGTERM, how long running calls may go on before they are closed."""
     max_call_s: float = 3600.0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rtc_server.config import ENGINES, LLMS, STTS, TTSS, ServerConfig, default_cache_dir
+from rtc_server.logs import LOG_FORMATS
 
 
 class EnvError(ValueError):
@@ -112,6 +113,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "on SIGTERM, take no new calls and let running ones go on this long, then exit",
         float,
         30.0,
+    ),
+    Option(
+        "log-format",
+        "server",
+        "text, or one JSON object a line (time, level, logger, message, session)",
+        default="text",
+        choices=LOG_FORMATS,
     ),
     Option("max-call-s", "server", "calls are closed after this many seconds", float, 3600.0),
     Option(

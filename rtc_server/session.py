@@ -23,8 +23,8 @@ from rtc_server.call_tasks import CallTasks
 from rtc_server.event_channel import EventChannel
 from rtc_server.logs import CallLog
 from rtc_server.media.clock import MonotonicClock
-from rtc_server.media.fallback import ResilientEngine
 from rtc_server.media.inbound import MicDownsampler
+from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.media.tracks import STILL_REPEAT_S, AvatarAudioTrack, AvatarVideoTrack
 from rtc_server.metrics import Metrics

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from rtc_server.app import MANAGER, SessionManager, create_app
 from rtc_server.config import ServerConfig
-from rtc_server.engines import EngineFactory, load_engine_factory
+from rtc_server.engine_factory import EngineFactory, load_engine_factory
 
 # Servers the tests start (`avatar-rtc serve` subprocesses) are single processes, as before
 # `--workers`: its default (one per core) would load the models once per core for each.

@@ -75,6 +75,19 @@ class Trials:
         self.failures.append(f"{trial}: {problems[0]}" if trial else problems[0])
         return False
 
+    @contextlib.contextmanager
+    def trial(self, name: str = "") -> Iterator[None]:
+        """One trial judged by the assertions in the block: it held if the block ends without
+        an exception; one that raises is counted as failed, and the exception goes on."""
+        self.tried += 1
+        try:
+            yield
+        except Exception as exc:
+            what = f"{type(exc).__name__}: {str(exc)[:200]}"
+            self.failures.append(f"{name}: {what}" if name else what)
+            raise
+        self.held += 1
+
     def check(self) -> None:
         """Fail the test unless every trial held (after the record is written: see trials)."""
         assert self.held == self.tried, (

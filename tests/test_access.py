@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from benchmarks.client import make_offer
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from signaling.access import TokenSigner
 from signaling.errors import SignalingError
 from tests.conftest import LiveServer, start_server

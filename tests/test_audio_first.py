@@ -21,7 +21,7 @@ from benchmarks.analysis import beep_onsets, flash_onsets, stream_times
 from benchmarks.client import CallClient
 from musetalk_core.segments import SegmentQueue
 from musetalk_core.types import AudioChunk, AvatarFrame
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from tests.conftest import start_server
 
 RATE = 48_000

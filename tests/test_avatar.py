@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 import pytest
 
-from musetalk_core import avatar as avatar_mod
-from musetalk_core.avatar import (
+from musetalk_core import warp_avatar as avatar_mod
+from musetalk_core.warp_avatar import (
     AvatarError,
     NoFaceError,
     WarpAvatar,

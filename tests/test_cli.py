@@ -182,3 +182,18 @@ def test_doctor_says_which_engine_and_why(
         assert "lip-sync engine: musetalk (auto: CUDA and MuseTalk weights" in out
     else:
         assert "lip-sync engine: warp (auto: no CUDA device" in out
+
+
+def test_the_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    import rtc_server
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert rtc_server.__version__ == project["project"]["version"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"], {})
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"avatar-rtc {rtc_server.__version__}"
+    changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
+    assert f"## {rtc_server.__version__} (" in changelog

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.client import CallClient
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from tests.conftest import LiveServer, start_server
 from tests.vendor_servers import (
     CHAT,

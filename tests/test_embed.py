@@ -22,7 +22,7 @@ from playwright.async_api import Frame, Page, Response, expect
 
 from benchmarks.browser import chromium_missing, chromium_page
 from benchmarks.client import make_offer
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from signaling.access import AccessPolicy, origin_of
 from tests.conftest import LiveServer, start_server
 

@@ -28,10 +28,10 @@ import pytest
 
 from benchmarks.analysis import loud_frames, voiced_span
 from benchmarks.client import CallClient
-from rtc_server.engines import EngineFactory
-from rtc_server.media.fallback import STALL_S
+from rtc_server.engine_factory import EngineFactory
+from rtc_server.media.resilient_engine import STALL_S
 from tests.conftest import LiveServer, start_server
-from tests.reliability import record
+from tests.reliability import trials
 from tests.vendor_servers import (
     CHAT,
     ELEVENLABS,
@@ -130,6 +130,10 @@ async def _next_turn_works(client: CallClient, server: LiveServer) -> None:
     assert client.session_id in server.manager.sessions
 
 
+LLM_NOTE = (
+    "first sentence heard, error event, apology in the local voice; "
+    f"read timeout {READ_TIMEOUT_S:.0f} s here (15 s by default)"
+)
 FIRST = "The first sentence is complete. "
 """What the LLM says before its stream fails: a whole sentence, spoken at once."""
 
@@ -157,50 +161,41 @@ async def test_llm_failing_mid_reply(
     )
     pieces = chat_stream([FIRST, "And this one never comes."])
     first = pieces[0] + pieces[1]
-    outcomes: dict[str, dict[str, Any]] = {}
     client = await _call(server)
     try:
         for fault, (reply, code) in LLM_FAULTS.items():
-            vendor.script(CHAT, reply(first))
-            start, events = len(client.received.audio), len(client.events)
-            sent = time.monotonic()
-            client.channel.send(json.dumps({"type": "text", "text": "tell me two things"}))
-            error = await client.wait_event(lambda e: e.get("type") == "error", 15)
-            error_s = time.monotonic() - sent
-            assert error["code"] == code, error
-            # The turn ends (with its metrics) once the first sentence and the apology played.
-            await client.wait_event(lambda e: e.get("type") == "turn", 20)
-            await client.wait_state("listening", 15)
-            await _settled_audio()
-            said = [e["text"] for e in client.events[events:] if e.get("type") == "response"]
-            assert said == [FIRST.strip()], said
-            got = heard(client, start)
-            assert got.tone_s >= 0.7, f"{fault}: the first sentence was not heard ({got})"
-            assert got.voice_s >= 0.8, f"{fault}: no apology in the local voice ({got})"
-            assert client.session_id in server.manager.sessions
-            outcomes[fault] = {
-                "error": code,
-                "error_after_s": round(error_s, 2),
-                "heard_reply_s": round(got.tone_s, 2),
-                "heard_apology_s": round(got.voice_s, 2),
-            }
+            with trials(fault, area="provider", note=LLM_NOTE) as t, t.trial():
+                vendor.script(CHAT, reply(first))
+                start, events = len(client.received.audio), len(client.events)
+                sent = time.monotonic()
+                client.channel.send(json.dumps({"type": "text", "text": "tell me two things"}))
+                error = await client.wait_event(lambda e: e.get("type") == "error", 15)
+                error_s = time.monotonic() - sent
+                assert error["code"] == code, error
+                # The turn ends (with its metrics) once the first sentence and the apology played.
+                await client.wait_event(lambda e: e.get("type") == "turn", 20)
+                await client.wait_state("listening", 15)
+                await _settled_audio()
+                said = [e["text"] for e in client.events[events:] if e.get("type") == "response"]
+                assert said == [FIRST.strip()], said
+                got = heard(client, start)
+                assert got.tone_s >= 0.7, f"{fault}: the first sentence was not heard ({got})"
+                assert got.voice_s >= 0.8, f"{fault}: no apology in the local voice ({got})"
+                assert client.session_id in server.manager.sessions
+                t.figures = {
+                    "error": code,
+                    "error_after_s": round(error_s, 2),
+                    "heard_reply_s": round(got.tone_s, 2),
+                    "heard_apology_s": round(got.voice_s, 2),
+                }
         await _next_turn_works(client, server)
     finally:
         await client.close()
         await runner.cleanup()
     assert not vendor.violations
-    for fault, figures in outcomes.items():
-        record(
-            fault,
-            area="provider",
-            tried=1,
-            held=1,
-            figures=figures,
-            note="first sentence heard, error event, apology in the local voice, next turn "
-            f"worked; read timeout {READ_TIMEOUT_S:.0f} s here (15 s by default)",
-        )
 
 
+TTS_NOTE = "the part sent before the failure heard, error event, apology in the local voice"
 TTS_PART = tone(0.3, 24_000)
 """The part of the first sentence the TTS sends before failing."""
 
@@ -223,46 +218,42 @@ async def test_tts_failing_mid_sentence(
     server, runner = await _cloud_server(
         engine_factory, cache_dir, vendor, llm="openai", tts="elevenlabs", stt="local"
     )
-    outcomes: dict[str, dict[str, Any]] = {}
     client = await _call(server)
     try:
         for fault, (reply, code) in TTS_FAULTS.items():
-            vendor.script(ELEVENLABS, reply)
-            start = len(client.received.audio)
-            sent = time.monotonic()
-            client.channel.send(json.dumps({"type": "text", "text": "hello"}))
-            error = await client.wait_event(lambda e: e.get("type") == "error", 15)
-            error_s = time.monotonic() - sent
-            assert error["code"] == code, error
-            await client.wait_event(lambda e: e.get("type") == "turn", 20)
-            await client.wait_state("listening", 15)
-            await _settled_audio()
-            got = heard(client, start)
-            # The 0.3 s that came before the failure were played, then the apology.
-            assert got.tone_s >= 0.2, f"{fault}: the sentence's start was not heard ({got})"
-            assert got.tone_s <= 0.5, f"{fault}: more tone than was sent ({got})"
-            assert got.voice_s >= 0.8, f"{fault}: no apology in the local voice ({got})"
-            outcomes[fault] = {
-                "error": code,
-                "error_after_s": round(error_s, 2),
-                "heard_reply_s": round(got.tone_s, 2),
-                "heard_apology_s": round(got.voice_s, 2),
-            }
+            with trials(fault, area="provider", note=TTS_NOTE) as t, t.trial():
+                vendor.script(ELEVENLABS, reply)
+                start = len(client.received.audio)
+                sent = time.monotonic()
+                client.channel.send(json.dumps({"type": "text", "text": "hello"}))
+                error = await client.wait_event(lambda e: e.get("type") == "error", 15)
+                error_s = time.monotonic() - sent
+                assert error["code"] == code, error
+                await client.wait_event(lambda e: e.get("type") == "turn", 20)
+                await client.wait_state("listening", 15)
+                await _settled_audio()
+                got = heard(client, start)
+                # The 0.3 s that came before the failure were played, then the apology.
+                assert got.tone_s >= 0.2, f"{fault}: the sentence's start was not heard ({got})"
+                assert got.tone_s <= 0.5, f"{fault}: more tone than was sent ({got})"
+                assert got.voice_s >= 0.8, f"{fault}: no apology in the local voice ({got})"
+                t.figures = {
+                    "error": code,
+                    "error_after_s": round(error_s, 2),
+                    "heard_reply_s": round(got.tone_s, 2),
+                    "heard_apology_s": round(got.voice_s, 2),
+                }
         await _next_turn_works(client, server)
     finally:
         await client.close()
         await runner.cleanup()
     assert not vendor.violations
-    for fault, figures in outcomes.items():
-        record(
-            fault,
-            area="provider",
-            tried=1,
-            held=1,
-            figures=figures,
-            note="the part sent before the failure heard, error event, apology in the local "
-            "voice, next turn worked",
-        )
+
+
+STT_NOTE = (
+    "retried once, then an error event and the apology; the next question was transcribed "
+    "and answered in the same call"
+)
 
 
 async def test_stt_answering_garbage(
@@ -271,42 +262,36 @@ async def test_stt_answering_garbage(
     from benchmarks.clip import speech_pcm
     from benchmarks.latency import connect_caller
 
-    garbage = Reply(body=b'{"text": "what\'s the', content_type="application/json")
-    vendor.script(TRANSCRIPTIONS, *[garbage] * 6)
-    server, runner = await _cloud_server(engine_factory, cache_dir, vendor, stt="openai")
-    question = await speech_pcm("What is the capital of France?")
-    try:
-        client, mic = await connect_caller(server.url)
+    fault = "STT answers garbage JSON (200)"
+    with trials(fault, area="provider", note=STT_NOTE) as t, t.trial():
+        garbage = Reply(body=b'{"text": "what\'s the', content_type="application/json")
+        vendor.script(TRANSCRIPTIONS, *[garbage] * 6)
+        server, runner = await _cloud_server(engine_factory, cache_dir, vendor, stt="openai")
+        question = await speech_pcm("What is the capital of France?")
         try:
-            mic.play(question)
-            error = await client.wait_event(lambda e: e.get("type") == "error", 20)
-            assert error["code"] == "bad_response", error
-            assert "speech recognition" in error["message"]
-            await client.wait_state("speaking", 10)  # the apology, in the local voice
-            await client.wait_state("listening", 15)
-            assert not any(e.get("type") == "transcript" for e in client.events)
-            tries = len(vendor.seen(TRANSCRIPTIONS))
-            # The vendor recovers: the caller asks again and is answered.
-            vendor.unscript(TRANSCRIPTIONS)
-            mic.play(question)
-            transcript = await client.wait_event(lambda e: e.get("type") == "transcript", 20)
-            assert transcript["text"] == vendor.transcript
-            await client.wait_event(lambda e: e.get("type") == "turn", 20)
-            assert client.session_id in server.manager.sessions
+            client, mic = await connect_caller(server.url)
+            try:
+                mic.play(question)
+                error = await client.wait_event(lambda e: e.get("type") == "error", 20)
+                assert error["code"] == "bad_response", error
+                assert "speech recognition" in error["message"]
+                await client.wait_state("speaking", 10)  # the apology, in the local voice
+                await client.wait_state("listening", 15)
+                assert not any(e.get("type") == "transcript" for e in client.events)
+                tries = len(vendor.seen(TRANSCRIPTIONS))
+                # The vendor recovers: the caller asks again and is answered.
+                vendor.unscript(TRANSCRIPTIONS)
+                mic.play(question)
+                transcript = await client.wait_event(lambda e: e.get("type") == "transcript", 20)
+                assert transcript["text"] == vendor.transcript
+                await client.wait_event(lambda e: e.get("type") == "turn", 20)
+                assert client.session_id in server.manager.sessions
+            finally:
+                await client.close()
         finally:
-            await client.close()
-    finally:
-        await runner.cleanup()
-    assert tries >= 2  # a malformed answer is worth one more try
-    record(
-        "STT answers garbage JSON (200)",
-        area="provider",
-        tried=1,
-        held=1,
-        figures={"error": "bad_response", "requests": tries},
-        note="retried once, then an error event and the apology; the next question was "
-        "transcribed and answered in the same call",
-    )
+            await runner.cleanup()
+        assert tries >= 2  # a malformed answer is worth one more try
+        t.figures = {"error": "bad_response", "requests": tries}
 
 
 class Misbehaving:
@@ -339,6 +324,16 @@ class Misbehaving:
             yield frame
 
 
+ENGINE_NOTES = {
+    "raises": "the words went on over a still image; the next say was heard in full",
+    "slow": "the speech played on the clock, not torn by silence; the picture was held "
+    "and the engine moved ahead to the clock whenever it fell behind; the next say was heard "
+    "in full",
+    "burst": "the picture was held through the burst; the next say, after it, was "
+    "animated frame for frame again",
+    "stalls": f"the words went on over the held image; after {STALL_S:.0f} s without a frame "
+    "the engine counted as failed; the next say was heard in full",
+}
 ENGINE_FAULTS = {
     "raises": ("lip-sync engine raises mid-utterance", "engine_failed"),
     "slow": ("lip-sync engine renders at 0.6x real time", "engine_behind"),
@@ -368,74 +363,57 @@ async def test_engine_failing_mid_utterance(engine_factory: EngineFactory, cache
         first, last = voiced_span(pcm, 48_000)
         expected.append((last - first) / 48_000)
     server, runner = await start_server(replace(engine_factory, create=create), cache_dir)
-    outcomes: dict[str, dict[str, Any]] = {}
     try:
         for how, (_, code) in ENGINE_FAULTS.items():
-            client = await _call(server)
-            engine = engines[-1]
-            try:
-                spans = []
-                for i, text in enumerate(SAYS):
-                    start, video = len(client.received.audio), len(client.received.video)
-                    events = len(client.events)
-                    await client.say(text)
-                    await client.wait_state("speaking", 10)
-                    await client.wait_state("listening", 30)
-                    await _settled_audio()
-                    errors = [e for e in client.events[events:] if e.get("type") == "error"]
-                    assert [e["code"] for e in errors] == ([code] if i == 0 else [])
-                    loud = np.flatnonzero(
-                        loud_frames([p for _, _, p in client.received.audio[start:]])
-                    )
-                    assert loud.size, f"{how}: say {i + 1} was not heard"
-                    spans.append((loud[-1] - loud[0] + 1) * 0.02)
-                    # The video went on (a still image, or the face), at about 25 fps.
-                    assert len(client.received.video) - video > 20
-                assert client.session_id in server.manager.sessions
-            finally:
-                await client.close()
-            # Every word heard, and not torn apart by silence: each say lasts as long as its
-            # words, whatever the engine did (the speech is on the clock, not on the engine).
-            assert spans[0] <= expected[0] * 1.15, (how, spans, expected)
-            assert spans[1] <= expected[1] * 1.15, (how, spans, expected)
-            assert spans[0] >= expected[0] * 0.85 and spans[1] >= expected[1] * 0.85
-            # A slow engine keeps animating, moved ahead to the clock where it fell behind; after
-            # a passing burst it renders every frame of the next say again.
-            animated = sorted(engine.speaking_frames.items())[1:]
-            animated_frames = sum(n for _, n in animated)
-            if how == "burst":
-                assert animated_frames >= expected[1] * 25 * 0.9, engine.speaking_frames
-            elif how == "slow":
-                assert 0 < animated_frames < expected[1] * 25, engine.speaking_frames
-            else:
-                assert animated_frames == 0, (how, engine.speaking_frames)
-            outcomes[how] = {
-                "error": code,
-                "speech_s": round(spans[0], 2),
-                "words_s": round(expected[0], 2),
-                "next_say_s": round(spans[1], 2),
-                "next_say_animated_frames": animated_frames,
-            }
+            fault, notes = ENGINE_FAULTS[how][0], f"error {code}; {ENGINE_NOTES[how]}"
+            with trials(fault, area="engine", note=notes) as t, t.trial():
+                client = await _call(server)
+                engine = engines[-1]
+                try:
+                    spans = []
+                    for i, text in enumerate(SAYS):
+                        start, video = len(client.received.audio), len(client.received.video)
+                        events = len(client.events)
+                        await client.say(text)
+                        await client.wait_state("speaking", 10)
+                        await client.wait_state("listening", 30)
+                        await _settled_audio()
+                        errors = [e for e in client.events[events:] if e.get("type") == "error"]
+                        assert [e["code"] for e in errors] == ([code] if i == 0 else [])
+                        loud = np.flatnonzero(
+                            loud_frames([p for _, _, p in client.received.audio[start:]])
+                        )
+                        assert loud.size, f"{how}: say {i + 1} was not heard"
+                        spans.append((loud[-1] - loud[0] + 1) * 0.02)
+                        # The video went on (a still image, or the face), at about 25 fps.
+                        assert len(client.received.video) - video > 20
+                    assert client.session_id in server.manager.sessions
+                finally:
+                    await client.close()
+                # Every word heard, and not torn apart by silence: each say lasts as long as its
+                # words, whatever the engine did (the speech is on the clock, not on the engine).
+                assert spans[0] <= expected[0] * 1.15, (how, spans, expected)
+                assert spans[1] <= expected[1] * 1.15, (how, spans, expected)
+                assert spans[0] >= expected[0] * 0.85 and spans[1] >= expected[1] * 0.85
+                # A slow engine keeps animating, moved ahead to the clock where it fell
+                # behind; after a passing burst it renders every frame of the next say again.
+                animated = sorted(engine.speaking_frames.items())[1:]
+                animated_frames = sum(n for _, n in animated)
+                if how == "burst":
+                    assert animated_frames >= expected[1] * 25 * 0.9, engine.speaking_frames
+                elif how == "slow":
+                    assert 0 < animated_frames < expected[1] * 25, engine.speaking_frames
+                else:
+                    assert animated_frames == 0, (how, engine.speaking_frames)
+                t.figures = {
+                    "error": code,
+                    "speech_s": round(spans[0], 2),
+                    "words_s": round(expected[0], 2),
+                    "next_say_s": round(spans[1], 2),
+                    "next_say_animated_frames": animated_frames,
+                }
     finally:
         await runner.cleanup()
         # aiohttp's middleware cache keeps the last apps, and with them our factory, alive:
         # the engines must not stay reachable from it (test_leaks counts them).
         engines.clear()
-    notes = {
-        "raises": "the words went on over a still image",
-        "slow": "the speech played on the clock, not torn by silence; the picture was held "
-        "and the engine moved ahead to the clock whenever it fell behind",
-        "burst": "the picture was held through the burst; the next say, after it, was "
-        "animated frame for frame again",
-        "stalls": f"the words went on over the held image; after {STALL_S:.0f} s without a "
-        "frame the engine counted as failed",
-    }
-    for how, figures in outcomes.items():
-        record(
-            ENGINE_FAULTS[how][0],
-            area="engine",
-            tried=1,
-            held=1,
-            figures=figures,
-            note=f"error {figures['error']}; {notes[how]}; the next say was heard in full",
-        )

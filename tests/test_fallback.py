@@ -8,7 +8,7 @@ import numpy as np
 
 from musetalk_core.types import AudioChunk
 from rtc_server.media.clock import ManualClock
-from rtc_server.media.fallback import ResilientEngine
+from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.media.scheduler import AVScheduler, Unit
 from tests.fakes import CountingEngine
 

@@ -48,12 +48,12 @@ from hypothesis import strategies as st
 
 from benchmarks.client import CallClient, make_offer
 from rtc_server.app import SessionManager
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from signaling.access import TokenSigner
 from signaling.errors import SignalingError
 from signaling.messages import parse_client_event, parse_text
 from tests.conftest import LiveServer, start_server
-from tests.reliability import record
+from tests.reliability import trials
 
 T = TypeVar("T")
 
@@ -860,31 +860,30 @@ def fuzz_offer_body(servers: dict[str, Target], log: ErrorLog, examples: int) ->
     seen: Counter[tuple[int, str | None]] = Counter()
     start = time.monotonic()
 
-    @fuzz_settings(examples)
-    @given(guarded=st.booleans(), request=requests(bodies(offer_fields, "sdp"), "valid"))
-    def case(guarded: bool, request: Request) -> None:
-        target = servers["guarded" if guarded else "open"]
-        reply = request.send(target, "POST", "/offer")
-        try:
-            got = check(reply, expect_offer(request, target), request)
-            seen[got] += 1
-        finally:
-            if reply.status == 200:
-                tear_down(target, reply, request)
-        assert_healthy(target, log)
-        assert not target.manager.sessions and target.manager._pending == 0
-
-    case()
-    finish(servers, log)
-    tried = sum(seen.values())
-    record(
+    with trials(
         "fuzzed POST /offer bodies and headers",
         area="input",
-        tried=tried,
-        held=tried,
-        figures=summary(seen, answered=seen[(200, None)], s=round(time.monotonic() - start, 1)),
         note="auth on and off; no 5xx, JSON error shape, status per contract, no session left",
-    )
+    ) as t:
+
+        @fuzz_settings(examples)
+        @given(guarded=st.booleans(), request=requests(bodies(offer_fields, "sdp"), "valid"))
+        def case(guarded: bool, request: Request) -> None:
+            with t.trial():
+                target = servers["guarded" if guarded else "open"]
+                reply = request.send(target, "POST", "/offer")
+                try:
+                    got = check(reply, expect_offer(request, target), request)
+                    seen[got] += 1
+                finally:
+                    if reply.status == 200:
+                        tear_down(target, reply, request)
+                assert_healthy(target, log)
+                assert not target.manager.sessions and target.manager._pending == 0
+
+        case()
+        finish(servers, log)
+        t.figures = summary(seen, answered=seen[(200, None)], s=round(time.monotonic() - start, 1))
 
 
 Figures = dict[str, float | int | str]
@@ -932,34 +931,33 @@ def fuzz_token(servers: dict[str, Target], log: ErrorLog, examples: int) -> None
     seen: Counter[tuple[int, str | None]] = Counter()
     start = time.monotonic()
 
-    @fuzz_settings(examples)
-    @given(guarded=st.booleans(), request=requests(bodies(token_fields, "ttl_s"), "key"))
-    def case(guarded: bool, request: Request) -> None:
-        target = servers["guarded" if guarded else "open"]
-        reply = request.send(target, "POST", "/token")
-        got = check(reply, expect_token(request, target), request)
-        seen[got] += 1
-        if got[0] == 200:
-            minted = reply.json()
-            assert set(minted) == {"token", "expires_in"}, minted
-            assert target.signer is not None
-            grant = target.signer.verify(minted["token"])
-            assert abs(grant.expires_at - time.time() - minted["expires_in"]) < 5
-            body = json.loads(request.body) if request.body else {}
-            assert grant.avatar == body.get("avatar")
-        assert_healthy(target, log)
-
-    case()
-    finish(servers, log)
-    tried = sum(seen.values())
-    record(
+    with trials(
         "fuzzed POST /token",
         area="input",
-        tried=tried,
-        held=tried,
-        figures=summary(seen, minted=seen[(200, None)], s=round(time.monotonic() - start, 1)),
         note="auth on and off; keys and tokens in odd Authorization headers, odd Origins",
-    )
+    ) as t:
+
+        @fuzz_settings(examples)
+        @given(guarded=st.booleans(), request=requests(bodies(token_fields, "ttl_s"), "key"))
+        def case(guarded: bool, request: Request) -> None:
+            with t.trial():
+                target = servers["guarded" if guarded else "open"]
+                reply = request.send(target, "POST", "/token")
+                got = check(reply, expect_token(request, target), request)
+                seen[got] += 1
+                if got[0] == 200:
+                    minted = reply.json()
+                    assert set(minted) == {"token", "expires_in"}, minted
+                    assert target.signer is not None
+                    grant = target.signer.verify(minted["token"])
+                    assert abs(grant.expires_at - time.time() - minted["expires_in"]) < 5
+                    body = json.loads(request.body) if request.body else {}
+                    assert grant.avatar == body.get("avatar")
+                assert_healthy(target, log)
+
+        case()
+        finish(servers, log)
+        t.figures = summary(seen, minted=seen[(200, None)], s=round(time.monotonic() - start, 1))
 
 
 def test_fuzz_token(servers: dict[str, Target], error_log: ErrorLog) -> None:
@@ -1041,40 +1039,39 @@ def fuzz_say(
     caller = loop_thread.run(new_caller(target.live.url))
     session_id = loop_thread.run(connect(caller))
 
-    @fuzz_settings(examples)
-    @given(case=say_cases())
-    def case(case: tuple[bool, str | None, Request]) -> None:
-        guarded, unknown, request = case
-        server = servers["guarded" if guarded else "open"]
-        sid = session_id if unknown is None else unknown
-        reply = request.send(server, "POST", f"/sessions/{quote(sid, safe='')}/say")
-        got = check(reply, expect_say(request, server, unknown), request)
-        seen[got] += 1
-        if got[0] == 202:
-            answer = reply.json()
-            assert set(answer) == {"utterance_id"} and re.fullmatch(
-                r"[0-9a-f]{32}", answer["utterance_id"]
-            ), answer
-        assert_healthy(server, log)
-        assert list(target.manager.sessions) == [session_id]
-
-    try:
-        case()
-        # The call took every say it was given: it still speaks.
-        loop_thread.run(still_speaks(caller))
-    finally:
-        loop_thread.run(hang_up(caller))
-    end_call(target, session_id)
-    finish(servers, log)
-    tried = sum(seen.values())
-    record(
+    with trials(
         "fuzzed POST /sessions/{id}/say",
         area="input",
-        tried=tried,
-        held=tried,
-        figures=summary(seen, spoken=seen[(202, None)], s=round(time.monotonic() - start, 1)),
         note="a live call and unknown ids, auth on and off; the call speaks afterwards",
-    )
+    ) as t:
+
+        @fuzz_settings(examples)
+        @given(case=say_cases())
+        def case(case: tuple[bool, str | None, Request]) -> None:
+            with t.trial():
+                guarded, unknown, request = case
+                server = servers["guarded" if guarded else "open"]
+                sid = session_id if unknown is None else unknown
+                reply = request.send(server, "POST", f"/sessions/{quote(sid, safe='')}/say")
+                got = check(reply, expect_say(request, server, unknown), request)
+                seen[got] += 1
+                if got[0] == 202:
+                    answer = reply.json()
+                    assert set(answer) == {"utterance_id"} and re.fullmatch(
+                        r"[0-9a-f]{32}", answer["utterance_id"]
+                    ), answer
+                assert_healthy(server, log)
+                assert list(target.manager.sessions) == [session_id]
+
+        try:
+            case()
+            # The call took every say it was given: it still speaks.
+            loop_thread.run(still_speaks(caller))
+        finally:
+            loop_thread.run(hang_up(caller))
+        end_call(target, session_id)
+        finish(servers, log)
+        t.figures = summary(seen, spoken=seen[(202, None)], s=round(time.monotonic() - start, 1))
 
 
 async def new_caller(url: str) -> CallClient:
@@ -1476,40 +1473,39 @@ def fuzz_sdp(servers: dict[str, Target], log: ErrorLog, examples: int) -> None:
     start = time.monotonic()
     target = servers["open"]
 
-    @fuzz_settings(examples)
-    @given(offer=mutated_offers())
-    def case(offer: MutatedOffer) -> None:
-        body = json.dumps({"sdp": offer.sdp, "type": "offer"}).encode()
-        reply = send(target.port, "POST", "/offer", body)
-        try:
-            got = outcome(reply)
-            seen[got] += 1
-            if len(body) > MAX_BODY:
-                assert got == (413, "body_too_large"), got
-            elif not offer.sdp.strip():
-                assert got == (400, "bad_offer"), got
-            else:
-                assert got in SDP_OUTCOMES, got
-            if not offer.steps:  # untouched: the contract fixes the answer
-                expected = {"audio+video": (200, None), "audio": (400, "no_video")}
-                assert got == expected.get(offer.base, (400, "no_audio")), got
-        finally:
-            if reply.status == 200:
-                tear_down(target, reply, None)
-        assert_healthy(target, log)
-        assert not target.manager.sessions and target.manager._pending == 0
-
-    case()
-    finish(servers, log)
-    tried = sum(seen.values())
-    record(
+    with trials(
         "mutated SDP offers",
         area="input",
-        tried=tried,
-        held=tried,
-        figures=summary(seen, answered=seen[(200, None)], s=round(time.monotonic() - start, 1)),
         note="real aiortc offers with lines dropped, garbled, shuffled, huge; each answer DELETEd",
-    )
+    ) as t:
+
+        @fuzz_settings(examples)
+        @given(offer=mutated_offers())
+        def case(offer: MutatedOffer) -> None:
+            with t.trial():
+                body = json.dumps({"sdp": offer.sdp, "type": "offer"}).encode()
+                reply = send(target.port, "POST", "/offer", body)
+                try:
+                    got = outcome(reply)
+                    seen[got] += 1
+                    if len(body) > MAX_BODY:
+                        assert got == (413, "body_too_large"), got
+                    elif not offer.sdp.strip():
+                        assert got == (400, "bad_offer"), got
+                    else:
+                        assert got in SDP_OUTCOMES, got
+                    if not offer.steps:  # untouched: the contract fixes the answer
+                        expected = {"audio+video": (200, None), "audio": (400, "no_video")}
+                        assert got == expected.get(offer.base, (400, "no_audio")), got
+                finally:
+                    if reply.status == 200:
+                        tear_down(target, reply, None)
+                assert_healthy(target, log)
+                assert not target.manager.sessions and target.manager._pending == 0
+
+        case()
+        finish(servers, log)
+        t.figures = summary(seen, answered=seen[(200, None)], s=round(time.monotonic() - start, 1))
 
 
 def test_fuzz_sdp(
@@ -1631,41 +1627,40 @@ def fuzz_data_channel(
     batches = 0
     start = time.monotonic()
 
-    @fuzz_settings(examples)
-    @given(batch=st.lists(messages, min_size=1, max_size=6))
-    def case(batch: list[str | bytes]) -> None:
-        nonlocal batches
-        codes = [c for c in map(expect_event, batch) if c is not None]
-        got = loop_thread.run(exchange(caller, batch, codes))
-        assert got == codes, f"error events {got}, expected {codes}"
-        for message in batch:
-            sent[expect_event(message) or "valid"] += 1
-        batches += 1
-        assert caller.pc.connectionState == "connected"
-        assert list(target.manager.sessions) == [session_id]
-        assert_healthy(target, log)
-
-    try:
-        case()
-        loop_thread.run(still_speaks(caller))
-    finally:
-        loop_thread.run(hang_up(caller))
-    end_call(target, session_id)
-    finish(servers, log)
-    tried = sum(sent.values())
-    record(
+    with trials(
         "fuzzed data-channel messages",
         area="input",
-        tried=tried,
-        held=tried,
-        figures={
+        note="one live call; each message its error event or its effect; the call speaks after",
+    ) as t:
+
+        @fuzz_settings(examples)
+        @given(batch=st.lists(messages, min_size=1, max_size=6))
+        def case(batch: list[str | bytes]) -> None:
+            with t.trial():
+                nonlocal batches
+                codes = [c for c in map(expect_event, batch) if c is not None]
+                got = loop_thread.run(exchange(caller, batch, codes))
+                assert got == codes, f"error events {got}, expected {codes}"
+                for message in batch:
+                    sent[expect_event(message) or "valid"] += 1
+                batches += 1
+                assert caller.pc.connectionState == "connected"
+                assert list(target.manager.sessions) == [session_id]
+                assert_healthy(target, log)
+
+        try:
+            case()
+            loop_thread.run(still_speaks(caller))
+        finally:
+            loop_thread.run(hang_up(caller))
+        end_call(target, session_id)
+        finish(servers, log)
+        t.figures = {
             "batches": batches,
             "valid": sent["valid"],
             "s": round(time.monotonic() - start, 1),
             "errors": ", ".join(f"{k}: {n}" for k, n in sorted(sent.items()) if k != "valid"),
-        },
-        note="one live call; each message its error event or its effect; the call speaks after",
-    )
+        }
 
 
 def test_fuzz_data_channel(

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.client import CallClient, make_offer
 from rtc_server import headroom as headroom_module
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from rtc_server.headroom import Headroom, HeadroomSettings
 from tests.conftest import start_server
 

@@ -23,7 +23,7 @@ from benchmarks.client import CallClient
 from benchmarks.latency import spawn_server
 from rtc_server.cli import build_parser, main
 from rtc_server.config import ServerConfig
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from rtc_server.ice import IceServers, announce_address, turn_rest_credentials
 from signaling.access import TokenSigner
 from tests.conftest import LiveServer, start_server

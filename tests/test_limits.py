@@ -14,7 +14,7 @@ import pytest
 from benchmarks.client import CallClient
 from rtc_server.cli import build_parser, main
 from rtc_server.config import ServerConfig
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from tests.conftest import LiveServer, start_server
 
 

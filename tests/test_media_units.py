@@ -12,9 +12,9 @@ import pytest
 from aiortc import RTCPeerConnection, RTCRtpSender
 from aiortc.codecs.h264 import H264Encoder
 
-import rtc_server.ice
-from rtc_server.ice import parse_ice_server, restrict_host_addresses, rtc_configuration
-from rtc_server.media.aiortc_compat import set_sender_encoder
+import rtc_server.aiortc_compat
+from rtc_server.aiortc_compat import restrict_host_addresses, set_sender_encoder
+from rtc_server.ice import parse_ice_server, rtc_configuration
 from rtc_server.media.h264 import TunedH264Encoder, X264Settings
 from rtc_server.media.resample import resample_int16
 
@@ -57,7 +57,8 @@ def test_restrict_host_addresses() -> None:
         with pytest.raises(ValueError):
             restrict_host_addresses(["not-an-address"])
         restrict_host_addresses([])
-        assert aioice.ice.get_host_addresses is rtc_server.ice._original_get_host_addresses
+        original = rtc_server.aiortc_compat._original_get_host_addresses
+        assert aioice.ice.get_host_addresses is original
     finally:
         aioice.ice.get_host_addresses = before
 
@@ -175,8 +176,8 @@ def test_microphone_downsampling_keeps_duration_and_pitch() -> None:
 
 
 def test_the_numpy_audio_level_is_aiortcs() -> None:
-    from rtc_server.media.aiortc_compat import AIORTC_AUDIO_LEVEL as original
-    from rtc_server.media.aiortc_compat import audio_level_dbov
+    from rtc_server.aiortc_compat import AIORTC_AUDIO_LEVEL as original
+    from rtc_server.aiortc_compat import audio_level_dbov
 
     rng = np.random.default_rng(3)
     for scale in (0, 1, 30, 1000, 20000, 32767):
@@ -193,7 +194,7 @@ def test_aiortc_still_takes_a_senders_encoded_frames_as_send_encoded_audio_assum
     from aiortc import RTCRtpSender
     from aiortc.rtcrtpsender import RTCEncodedFrame
 
-    from rtc_server.media.aiortc_compat import send_encoded_audio
+    from rtc_server.aiortc_compat import send_encoded_audio
 
     assert inspect.iscoroutinefunction(RTCRtpSender._next_encoded_frame)
     assert list(inspect.signature(RTCRtpSender._next_encoded_frame).parameters) == ["self", "codec"]
@@ -213,3 +214,14 @@ def test_aiortc_still_takes_a_senders_encoded_frames_as_send_encoded_audio_assum
     assert (got.payloads, got.timestamp, got.audio_level) == ([b"opus"], 1920, -42)
     sender._enabled = False
     assert asyncio.run(sender._next_encoded_frame(None)) is None  # type: ignore[attr-defined]
+
+
+def test_an_untested_aiortc_or_aioice_is_refused_with_what_to_install() -> None:
+    from rtc_server.aiortc_compat import TESTED, check_versions
+
+    check_versions()  # what is installed here is what was tested
+    with pytest.raises(ImportError, match=r"tested with aiortc 1\.16\.\*; 1\.17\.0 is installed"):
+        check_versions(lambda package: "1.17.0" if package == "aiortc" else "0.13.0")
+    with pytest.raises(ImportError, match=r"pip install 'aioice==0\.13\.\*'"):
+        check_versions(lambda package: "1.16.2" if package == "aiortc" else "0.14.1")
+    assert set(TESTED) == {"aiortc", "aioice"}

@@ -18,8 +18,8 @@ from benchmarks.client import CallClient
 from musetalk_core.engine import MuseTalkEngine
 from musetalk_core.tiny import build_random_weights
 from rtc_server.config import ServerConfig
-from rtc_server.engines import EngineFactory, load_engine_factory
-from rtc_server.media.fallback import ResilientEngine
+from rtc_server.engine_factory import EngineFactory, load_engine_factory
+from rtc_server.media.resilient_engine import ResilientEngine
 from tests.conftest import start_server
 
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from musetalk_core.avatar import builtin_portrait
 from musetalk_core.engine import MuseTalkEngine, MuseTalkRuntime
 from musetalk_core.inference import StageTimes, decode_faces, infer_batch, predict_latents
-from musetalk_core.material import prepare_musetalk_avatar
 from musetalk_core.models import PositionalEncoding, load_models, resolve_placement
+from musetalk_core.musetalk_avatar import prepare_musetalk_avatar
 from musetalk_core.tiny import UNET_FULL, build_random_weights
 from musetalk_core.types import AudioChunk, LipSyncEngine
+from musetalk_core.warp_avatar import builtin_portrait
 from musetalk_core.weights import (
     FILES,
     RemoteInfo,
@@ -34,7 +34,7 @@ from musetalk_core.weights import (
     verify_weights,
 )
 from rtc_server.config import ServerConfig
-from rtc_server.engines import load_engine_factory
+from rtc_server.engine_factory import load_engine_factory
 
 RATE = 48_000
 FRAME = RATE // 25
@@ -375,9 +375,9 @@ async def test_out_of_memory_mid_utterance_hands_the_call_to_warp(
 ) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from musetalk_core.avatar import prepare_avatar
     from musetalk_core.warp import WarpEngine
-    from rtc_server.media.fallback import ResilientEngine
+    from musetalk_core.warp_avatar import prepare_avatar
+    from rtc_server.media.resilient_engine import ResilientEngine
 
     failing = dataclasses.replace(models, unet=RunsOutOfMemory(models.unet, after=1))
     rt = MuseTalkRuntime(failing, runtime.avatar, max_batch=4, first_batch=2)

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from musetalk_core import material as material_mod
-from musetalk_core.avatar import AvatarError, NoFaceError, builtin_portrait
+from musetalk_core import musetalk_avatar as material_mod
 from musetalk_core.blending import blend_crop, blend_crop_torch, blend_full_frame, time_blends
-from musetalk_core.material import (
+from musetalk_core.musetalk_avatar import (
     MaterialSettings,
     MuseTalkAvatar,
     blend_mask,
@@ -25,6 +24,7 @@ from musetalk_core.material import (
     musetalk_box,
     prepare_musetalk_avatar,
 )
+from musetalk_core.warp_avatar import AvatarError, NoFaceError, builtin_portrait
 
 
 class FakeEncoder:

@@ -56,7 +56,7 @@ from benchmarks.client import CallClient
 from benchmarks.sync import OPUS_DECODER_DELAY_S, sync_test_factory
 from tests.conftest import LiveServer, start_server
 from tests.netrelay import Impairment, NetRelay
-from tests.reliability import record
+from tests.reliability import trials
 
 SEED = 7
 AV_BOUND_MS = 45.0
@@ -481,158 +481,165 @@ async def _error_event_roundtrip(client: NetCaller, timeout: float) -> None:
 
 
 async def test_five_percent_loss_both_ways(net_call: NetCall) -> None:
-    call, relay = net_call, net_call.relay
-    start = time.monotonic()
-    relay.impair(up=Impairment(loss=0.05), down=Impairment(loss=0.05))
-    # The events channel works through the loss (SCTP retransmits).
-    await _error_event_roundtrip(call.client, timeout=5)
-    await asyncio.sleep(max(0.0, start + 8.0 - time.monotonic()))
-    end = time.monotonic()
-    relay.impair()
-    await asyncio.sleep(1.0)
-    assert call.alive()
-    await call.cut_and_count()
-
-    fps = call.fps(start + 0.5, end)
-    recoveries = call.video_loss_recoveries_ms(start, end)
-    undecoded = call.undecoded_video_frames(start, end)
-    audio = call.audio_check(start, end)
-    offsets = call.av_offsets_ms(start, end)
-    print(
-        f"loss: fps {fps:.1f}; {len(recoveries)} video packets lost, back after "
-        f"{sorted(round(r) for r in recoveries)} ms; {undecoded} frames never decoded, "
-        f"{call.skipped_by_server(start, end)} skipped by the server; "
-        f"PLIs {relay.up.stats.rtcp[(206, 1)]}, NACKs {relay.up.stats.rtcp[(205, 1)]} "
-        f"({call.client.nacks_repeated} repeats); {audio}; A/V {np.round(offsets).tolist()} ms; "
-        f"dropped down {dict(relay.down.stats.dropped)}, up {dict(relay.up.stats.dropped)}"
-    )
-    assert fps >= MIN_FPS
-    assert recoveries, "the seeded schedule dropped no video packet"
-    assert max(recoveries) <= RECOVERY_BOUND_MS
-    assert undecoded == 0
-    audio.check()
-    assert len(offsets) >= 5
-    assert np.abs(offsets).max() <= AV_BOUND_MS
-    record(
+    with trials(
         "5 % packet loss both ways (8 s)",
         area="network",
-        tried=len(recoveries),
-        held=sum(r <= RECOVERY_BOUND_MS for r in recoveries),
-        figures={
+        note=(
+            "tried = video packets lost: each came back by NACK and retransmission (RTX), no "
+            "keyframe needed, every frame decoded; a lost audio packet is 20 ms missing "
+            "(Opus is not retransmitted), the server never stopped sending"
+        ),
+    ) as t:
+        call, relay = net_call, net_call.relay
+        start = time.monotonic()
+        relay.impair(up=Impairment(loss=0.05), down=Impairment(loss=0.05))
+        # The events channel works through the loss (SCTP retransmits).
+        await _error_event_roundtrip(call.client, timeout=5)
+        await asyncio.sleep(max(0.0, start + 8.0 - time.monotonic()))
+        end = time.monotonic()
+        relay.impair()
+        await asyncio.sleep(1.0)
+        assert call.alive()
+        await call.cut_and_count()
+
+        fps = call.fps(start + 0.5, end)
+        recoveries = call.video_loss_recoveries_ms(start, end)
+        undecoded = call.undecoded_video_frames(start, end)
+        audio = call.audio_check(start, end)
+        offsets = call.av_offsets_ms(start, end)
+        print(
+            f"loss: fps {fps:.1f}; {len(recoveries)} video packets lost, back after "
+            f"{sorted(round(r) for r in recoveries)} ms; {undecoded} frames never decoded, "
+            f"{call.skipped_by_server(start, end)} skipped by the server; "
+            f"PLIs {relay.up.stats.rtcp[(206, 1)]}, NACKs {relay.up.stats.rtcp[(205, 1)]} "
+            f"({call.client.nacks_repeated} repeats); {audio}; "
+            f"A/V {np.round(offsets).tolist()} ms; "
+            f"dropped down {dict(relay.down.stats.dropped)}, up {dict(relay.up.stats.dropped)}"
+        )
+        assert fps >= MIN_FPS
+        assert recoveries, "the seeded schedule dropped no video packet"
+        for r in recoveries:  # each lost video packet is a trial
+            t.judge([] if r <= RECOVERY_BOUND_MS else [f"a lost video packet took {r:.0f} ms"])
+        assert max(recoveries) <= RECOVERY_BOUND_MS
+        assert undecoded == 0
+        audio.check()
+        assert len(offsets) >= 5
+        assert np.abs(offsets).max() <= AV_BOUND_MS
+        t.figures = {
             "video_recovery_ms_p50": round(float(np.median(recoveries))),
             "video_recovery_ms_max": round(max(recoveries)),
             "fps": round(fps, 1),
             "av_offset_ms_max_abs": round(float(np.abs(offsets).max())),
             "audio_hole_ms_max": round(audio.hole_ms),
             "audio_arrival_gap_ms_max": round(audio.arrival_gap_ms),
-        },
-        note=(
-            "tried = video packets lost: each came back by NACK and retransmission (RTX), no "
-            "keyframe needed, every frame decoded; a lost audio packet is 20 ms missing "
-            "(Opus is not retransmitted), the server never stopped sending"
-        ),
-    )
+        }
 
 
 async def test_jitter_of_100_ms_both_ways(net_call: NetCall) -> None:
-    call, relay = net_call, net_call.relay
-    start = time.monotonic()
-    relay.impair(up=Impairment(jitter_ms=100), down=Impairment(jitter_ms=100))
-    await asyncio.sleep(8.0)
-    end = time.monotonic()
-    relay.impair()
-    await asyncio.sleep(1.0)
-    assert call.alive()
-    await call.cut_and_count()
+    with (
+        trials(
+            "jitter: 0-100 ms extra delay per packet both ways (8 s, reorders)",
+            area="network",
+            note="every frame decoded; video packets overtaken by later ones were NACKed, "
+            "harmlessly",
+        ) as t,
+        t.trial(),
+    ):
+        call, relay = net_call, net_call.relay
+        start = time.monotonic()
+        relay.impair(up=Impairment(jitter_ms=100), down=Impairment(jitter_ms=100))
+        await asyncio.sleep(8.0)
+        end = time.monotonic()
+        relay.impair()
+        await asyncio.sleep(1.0)
+        assert call.alive()
+        await call.cut_and_count()
 
-    fps = call.fps(start + 0.5, end)
-    undecoded = call.undecoded_video_frames(start, end)
-    audio = call.audio_check(start, end)
-    offsets = call.av_offsets_ms(start, end)
-    print(
-        f"jitter: fps {fps:.1f}; {undecoded} frames never decoded, "
-        f"{call.skipped_by_server(start, end)} skipped by the server; {audio}; "
-        f"A/V {np.round(offsets).tolist()} ms; NACKs {relay.up.stats.rtcp[(205, 1)]}"
-    )
-    assert fps >= MIN_FPS
-    assert undecoded == 0
-    audio.check()
-    assert len(offsets) >= 5
-    assert np.abs(offsets).max() <= AV_BOUND_MS
-    record(
-        "jitter: 0-100 ms extra delay per packet both ways (8 s, reorders)",
-        area="network",
-        tried=1,
-        held=1,
-        figures={
+        fps = call.fps(start + 0.5, end)
+        undecoded = call.undecoded_video_frames(start, end)
+        audio = call.audio_check(start, end)
+        offsets = call.av_offsets_ms(start, end)
+        print(
+            f"jitter: fps {fps:.1f}; {undecoded} frames never decoded, "
+            f"{call.skipped_by_server(start, end)} skipped by the server; {audio}; "
+            f"A/V {np.round(offsets).tolist()} ms; NACKs {relay.up.stats.rtcp[(205, 1)]}"
+        )
+        assert fps >= MIN_FPS
+        assert undecoded == 0
+        audio.check()
+        assert len(offsets) >= 5
+        assert np.abs(offsets).max() <= AV_BOUND_MS
+        t.figures = {
             "fps": round(fps, 1),
             "av_offset_ms_median": round(float(np.median(offsets))),
             "av_offset_ms_max_abs": round(float(np.abs(offsets).max())),
             "audio_arrival_gap_ms_max": round(audio.arrival_gap_ms),
-        },
-        note="every frame decoded; video packets overtaken by later ones were NACKed, harmlessly",
-    )
+        }
 
 
 async def test_outages_of_2_s(net_call: NetCall) -> None:
-    call, relay = net_call, net_call.relay
-    video_ms, audio_ms, offsets = [], [], []
-    for _ in range(2):
-        _, end = relay.outage(2.0)
-        await asyncio.sleep(end - time.monotonic() + 2.5)
-        assert call.alive(), "the call died in an outage"
-        video_ms.append(call.resumed_after("video", end) * 1000)
-        audio_ms.append(call.resumed_after("audio", end) * 1000)
-        # Sync afterwards, from the frames sent after the outage (not the ones repeated late).
-        offsets.extend(call.av_offsets_ms(end + 0.3, time.monotonic()).tolist())
-    print(
-        f"outages: video resumed after {np.round(video_ms).tolist()} ms, audio after "
-        f"{np.round(audio_ms).tolist()} ms; A/V after {np.round(offsets).tolist()} ms; "
-        f"PLIs {relay.up.stats.rtcp[(206, 1)]}"
-    )
-    assert max(video_ms) <= RECOVERY_BOUND_MS
-    assert max(audio_ms) <= RECOVERY_BOUND_MS
-    assert offsets and max(abs(o) for o in offsets) <= AV_BOUND_MS
-
-    # Nothing here needed a keyframe (the retransmissions covered the outages); a browser that
-    # cannot repair its picture asks for one with a PLI: the server answers within the bound.
-    asked = time.monotonic()
-    await call.client.request_keyframe()
-    for _ in range(100):
-        keyframes = [d.at for d in call.delivered("video") if d.key and d.at > asked]
-        if keyframes:
-            break
-        await asyncio.sleep(0.02)
-    keyframe_ms = (keyframes[0] - asked) * 1000 if keyframes else float("inf")
-    print(f"outages: keyframe {keyframe_ms:.0f} ms after a PLI")
-    assert keyframe_ms <= RECOVERY_BOUND_MS
-
-    # A say after the outages is spoken.
-    heard_from = len(call.client.received.audio)
-    await call.client.say("The network is back, and so am I.")
-    await call.client.wait_state("speaking", timeout=10)
-    await call.client.wait_state("listening", timeout=20)
-    speech = call.client.received.audio[heard_from:]
-    loud = int(loud_frames([pcm for _, _, pcm in speech]).sum())
-    print(f"outages: {loud} loud 20 ms frames in the reply")
-    assert loud >= 25, "the say after the outages was not heard"
-    assert call.alive()
-    await call.cut_and_count()
-    record(
+    with trials(
         "link cut entirely for 2 s mid-call (both ways)",
         area="network",
-        tried=len(video_ms),
-        held=sum(v <= RECOVERY_BOUND_MS for v in video_ms),
-        figures={
-            "video_recovery_ms_p50": round(float(np.median(video_ms))),
-            "video_recovery_ms_max": round(max(video_ms)),
-            "audio_recovery_ms_max": round(max(audio_ms)),
-            "av_offset_ms_max_abs": round(max(abs(o) for o in offsets)),
-            "keyframe_after_pli_ms": round(keyframe_ms),
-        },
         note=(
             "recovery: end of the outage to the first decoded frame sent after it; the "
             "session stayed connected (ICE consent and the 15 s peer watchdog outlast it); "
             "a say afterwards was heard"
         ),
-    )
+    ) as t:
+        call, relay = net_call, net_call.relay
+        video_ms, audio_ms, offsets = [], [], []
+        for _ in range(2):
+            _, end = relay.outage(2.0)
+            await asyncio.sleep(end - time.monotonic() + 2.5)
+            assert call.alive(), "the call died in an outage"
+            video_ms.append(call.resumed_after("video", end) * 1000)
+            audio_ms.append(call.resumed_after("audio", end) * 1000)
+            # Sync afterwards, from the frames sent after the outage (not the ones repeated late).
+            offsets.extend(call.av_offsets_ms(end + 0.3, time.monotonic()).tolist())
+            slow = [
+                f"{kind} back after {ms:.0f} ms"
+                for kind, ms in (("video", video_ms[-1]), ("audio", audio_ms[-1]))
+                if ms > RECOVERY_BOUND_MS
+            ]
+            t.judge(slow, f"outage {len(video_ms)}")  # each outage is a trial
+        print(
+            f"outages: video resumed after {np.round(video_ms).tolist()} ms, audio after "
+            f"{np.round(audio_ms).tolist()} ms; A/V after {np.round(offsets).tolist()} ms; "
+            f"PLIs {relay.up.stats.rtcp[(206, 1)]}"
+        )
+        assert max(video_ms) <= RECOVERY_BOUND_MS
+        assert max(audio_ms) <= RECOVERY_BOUND_MS
+        assert offsets and max(abs(o) for o in offsets) <= AV_BOUND_MS
+
+        # Nothing here needed a keyframe (the retransmissions covered the outages); a browser that
+        # cannot repair its picture asks for one with a PLI: the server answers within the bound.
+        asked = time.monotonic()
+        await call.client.request_keyframe()
+        for _ in range(100):
+            keyframes = [d.at for d in call.delivered("video") if d.key and d.at > asked]
+            if keyframes:
+                break
+            await asyncio.sleep(0.02)
+        keyframe_ms = (keyframes[0] - asked) * 1000 if keyframes else float("inf")
+        print(f"outages: keyframe {keyframe_ms:.0f} ms after a PLI")
+        assert keyframe_ms <= RECOVERY_BOUND_MS
+
+        # A say after the outages is spoken.
+        heard_from = len(call.client.received.audio)
+        await call.client.say("The network is back, and so am I.")
+        await call.client.wait_state("speaking", timeout=10)
+        await call.client.wait_state("listening", timeout=20)
+        speech = call.client.received.audio[heard_from:]
+        loud = int(loud_frames([pcm for _, _, pcm in speech]).sum())
+        print(f"outages: {loud} loud 20 ms frames in the reply")
+        assert loud >= 25, "the say after the outages was not heard"
+        assert call.alive()
+        await call.cut_and_count()
+        t.figures = {
+            "video_recovery_ms_p50": round(float(np.median(video_ms))),
+            "video_recovery_ms_max": round(max(video_ms)),
+            "audio_recovery_ms_max": round(max(audio_ms)),
+            "av_offset_ms_max_abs": round(max(abs(o) for o in offsets)),
+            "keyframe_after_pli_ms": round(keyframe_ms),
+        }

@@ -29,12 +29,20 @@ def test_a_failed_trial_and_a_failed_block_show_in_the_table(
     with reliability.trials("all fine", area="input") as t:
         t.judge([])
         t.check()
+    # Trials judged by the assertions in their blocks: the third of four fails and ends it.
+    with pytest.raises(AssertionError, match="no answer"):
+        with reliability.trials("asserted cases", area="input") as t:
+            for i in range(4):
+                with t.trial(f"case {i}"):
+                    assert i != 2, "no answer"
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["fault"], r["tried"], r["held"]) for r in records] == [
         ("three calls", 3, 2),
         ("memory after calls", 1, 0),
         ("all fine", 1, 1),
+        ("asserted cases", 3, 2),
     ]
+    assert "case 2: AssertionError: no answer" in records[3]["note"]
     assert "failed: call 2: the reply was not heard" in records[0]["note"]
     assert records[0]["note"].startswith("on purpose")
     assert "RSS grew by 80 MB" in records[1]["note"]

@@ -10,7 +10,7 @@ import pytest
 
 from musetalk_core.segments import SegmentQueue
 from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
-from rtc_server.media.aiortc_compat import audio_level_dbov
+from rtc_server.aiortc_compat import audio_level_dbov
 from rtc_server.media.clock import ManualClock, MonotonicClock
 from rtc_server.media.opus import ReplyOpusEncoder
 from rtc_server.media.scheduler import AVScheduler
@@ -263,7 +263,7 @@ async def test_tracks_wait_on_the_clock() -> None:
     engine = CountingEngine()
     clock = ManualClock()
     scheduler = AVScheduler(engine, clock)
-    audio = AvatarAudioTrack(clock, scheduler)  # type: ignore[arg-type]
+    audio = AvatarAudioTrack(clock, scheduler)
     first = asyncio.ensure_future(audio.recv())
     await asyncio.sleep(0)
     assert first.done()  # instant 0 is due at once

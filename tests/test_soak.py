@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from rtc_server.engines import EngineFactory
+from rtc_server.engine_factory import EngineFactory
 from tests.caller_process import HEARD_S
 from tests.conftest import LiveServer, start_server
 from tests.reliability import Trials, trials

@@ -16,7 +16,11 @@ VIDEO_RATE = 90_000
 
 
 class MediaClock(Protocol):
-    """Monotonic session time in seconds, starting at 0 on the first ``start()``."""
+    """Monotonic session time in seconds, starting at 0 on the first ``start()``: what the
+    scheduler and the tracks run on (``MonotonicClock`` in a call, ``ManualClock`` in tests)."""
+
+    @property
+    def started(self) -> bool: ...
 
     def start(self) -> None: ...
 

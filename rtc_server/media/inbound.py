@@ -7,7 +7,7 @@ import numpy as np
 from aiortc import RTCRtpTransceiver
 from aiortc.jitterbuffer import JitterBuffer
 
-from rtc_server.media.aiortc_compat import set_receiver_jitter_buffer
+from rtc_server.aiortc_compat import set_receiver_jitter_buffer
 
 MIC_PREFETCH = 1
 """Packets aiortc waits for after an audio frame before releasing it (its default is 4)."""

@@ -22,7 +22,7 @@ from aiortc.mediastreams import convert_timebase
 from av.frame import Frame
 from av.packet import Packet
 
-from rtc_server.media.aiortc_compat import samples_level_dbov
+from rtc_server.aiortc_compat import samples_level_dbov
 
 __all__ = ["BIT_RATE", "SILENCE_WARMUP", "EncodedAudio", "ReplyOpusEncoder"]
 

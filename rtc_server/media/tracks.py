@@ -9,7 +9,7 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from rtc_server.media.clock import AUDIO_PTIME, AUDIO_RATE, VIDEO_RATE, MonotonicClock
+from rtc_server.media.clock import AUDIO_PTIME, AUDIO_RATE, VIDEO_RATE, MediaClock
 from rtc_server.media.opus import EncodedAudio, ReplyOpusEncoder
 from rtc_server.media.scheduler import AVScheduler
 
@@ -29,7 +29,7 @@ class AvatarAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, clock: MonotonicClock, scheduler: AVScheduler) -> None:
+    def __init__(self, clock: MediaClock, scheduler: AVScheduler) -> None:
         super().__init__()
         self._clock = clock
         self._scheduler = scheduler
@@ -92,7 +92,7 @@ class AvatarVideoTrack(MediaStreamTrack):
 
     def __init__(
         self,
-        clock: MonotonicClock,
+        clock: MediaClock,
         scheduler: AVScheduler,
         still_repeat_s: float = STILL_REPEAT_S,
     ) -> None:

@@ -105,12 +105,13 @@ def main() -> int:
     if not isinstance(spec, WorkerSpec):
         print("avatar-rtc worker: no WorkerSpec on stdin", file=sys.stderr)
         return 2
-    from musetalk_core.avatar import AvatarError
+    from musetalk_core.warp_avatar import AvatarError
     from rtc_server.app import create_app
-    from rtc_server.cli import configure_logging, prepare, quiet_telemetry
+    from rtc_server.cli import prepare, quiet_telemetry
+    from rtc_server.logs import configure_logging
     from rtc_server.serving import serve
 
-    configure_logging(spec.verbose)
+    configure_logging(spec.verbose, spec.config.log_format)
     try:
         factory = prepare(spec.config)
     except (ValueError, AvatarError) as exc:

@@ -4,7 +4,7 @@ This is our version of upstream's ``Avatar.prepare_material`` (``scripts/realtim
 done once per avatar source and cached on disk:
 
 1. Read the source: one picture, or up to ``max_frames`` frames of a video resampled to ``fps``.
-2. Find the face in every frame (the Haar detector of :mod:`musetalk_core.avatar`) and turn it
+2. Find the face in every frame (the Haar detector of :mod:`musetalk_core.warp_avatar`) and turn it
    into MuseTalk's face box, ``(x1, y1, x2, y2)``.
 3. Crop the face box, resize it to 256x256 (Lanczos) and encode the crop twice with the caller's
    VAE: once with its lower half black (the part the UNet repaints) and once whole (the
@@ -52,7 +52,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from .avatar import (
+from .warp_avatar import (
     AvatarError,
     Box,
     NoFaceError,

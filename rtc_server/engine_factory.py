@@ -38,7 +38,7 @@ class EngineFactory:
 def load_engine_factory(config: ServerConfig) -> EngineFactory:
     """Prepare the avatar (face and mouth found, cached) and return a per-call engine maker.
 
-    Raises ``musetalk_core.avatar.AvatarError`` with a readable message for a bad portrait.
+    Raises ``musetalk_core.warp_avatar.AvatarError`` with a readable message for a bad portrait.
     """
     if config.engine == "sync-test":
         from musetalk_core.synctest import SyncTestEngine
@@ -49,8 +49,8 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
             "asked for: a flash and a beep on the same instant, once a second",
             lambda: SyncTestEngine(fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
         )
-    from musetalk_core.avatar import builtin_portrait, load_portrait, prepare_avatar
     from musetalk_core.warp import WarpEngine
+    from musetalk_core.warp_avatar import builtin_portrait, load_portrait, prepare_avatar
 
     image = builtin_portrait() if config.avatar is None else load_portrait(config.avatar)
     avatar = prepare_avatar(image, cache_dir=config.cache_dir / "avatars")
@@ -119,28 +119,18 @@ def _load_musetalk(
     mouth_box: tuple[int, int, int, int],
     fallback: Callable[[], LipSyncEngine],
 ) -> EngineFactory:
-    from musetalk_core.engine import MuseTalkEngine, MuseTalkRuntime
-    from musetalk_core.material import prepare_musetalk_avatar
-    from musetalk_core.models import load_models, resolve_placement
-    from musetalk_core.weights import weights_id
+    from musetalk_core.engine import MuseTalkEngine
+    from musetalk_core.loading import load_musetalk
 
-    folder = weights_dir(config)
-    placement = resolve_placement(config.musetalk_device)
-    models = load_models(folder, placement)
-    if config.musetalk_compile:
-        from musetalk_core.inference import compile_models
-
-        compile_models(models)
-    source = config.avatar if config.avatar is not None else _builtin_source()
-    material = prepare_musetalk_avatar(
-        source,
-        models.encode_crops,
-        encoder_id=weights_id(folder),
+    loaded = load_musetalk(
+        weights_dir(config),
+        config.avatar if config.avatar is not None else _builtin_source(),
         cache_dir=config.cache_dir / "musetalk-avatars",
+        device=config.musetalk_device,
+        compile_models=config.musetalk_compile,
     )
-    runtime = MuseTalkRuntime(
-        models, material, fps=VIDEO_FPS, sample_rate=AUDIO_RATE, max_batch=config.musetalk_batch
-    )
+    placement = loaded.placement
+    runtime = loaded.runtime(fps=VIDEO_FPS, sample_rate=AUDIO_RATE, max_batch=config.musetalk_batch)
     warm_ms = runtime.warm_up()
     logger.info("lip-sync engine: musetalk on %s (%s); warm-up %.0f ms", placement, reason, warm_ms)
 
@@ -158,6 +148,6 @@ def _load_musetalk(
 
 
 def _builtin_source() -> np.ndarray:
-    from musetalk_core.avatar import builtin_portrait
+    from musetalk_core.warp_avatar import builtin_portrait
 
     return builtin_portrait()

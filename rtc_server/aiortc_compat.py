@@ -1,0 +1,186 @@
+"""Every place the project reaches into aiortc and aioice beyond their public API, in one module.
+
+Each function says what it changes and why. The versions it was written against are checked
+at import (:data:`TESTED`): another aiortc or aioice stops the server at start with a message,
+not a call in the middle. ``tests/test_media_units.py`` pins that they still behave as assumed.
+
+What is changed per peer connection, sender or receiver: the reply's encoder and its encoded
+frames, the microphone's jitter buffer, the benchmarks' packet timing and undecoded video.
+What is process-wide, because aioice has no per-connection hook: the host addresses ICE
+gathers (:func:`restrict_host_addresses`), and aiortc's audio-level function
+(:func:`use_fast_audio_level`, the same result, faster).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from importlib.metadata import version
+from typing import Any
+
+import aioice.ice
+import numpy as np
+from aiortc import RTCRtpCodecParameters, RTCRtpReceiver, RTCRtpSender, RTCRtpTransceiver, rtp
+from aiortc.codecs.base import Encoder
+from aiortc.jitterbuffer import JitterBuffer
+from aiortc.rtcrtpsender import RTCEncodedFrame
+from av import AudioFrame
+
+TESTED = {"aiortc": ("1.16",), "aioice": ("0.13",)}
+"""Release series (major.minor) whose internals this module was written and tested against."""
+
+
+def check_versions(installed: Callable[[str], str] = version) -> None:
+    """Raise ImportError unless the installed aiortc and aioice are of a tested series."""
+    for package, series in TESTED.items():
+        found = installed(package)
+        if ".".join(found.split(".")[:2]) not in series:
+            wanted = " or ".join(f"{s}.*" for s in series)
+            raise ImportError(
+                f"avatar-rtc reaches into {package}'s internals (rtc_server/aiortc_compat.py) "
+                f"and was tested with {package} {wanted}; {found} is installed: "
+                f"pip install '{package}=={series[-1]}.*'"
+            )
+
+
+check_versions()
+
+AIORTC_AUDIO_LEVEL = rtp.compute_audio_level_dbov
+"""aiortc's own audio-level function, kept before :func:`use_fast_audio_level` replaces it."""
+
+__all__ = [
+    "audio_level_dbov",
+    "check_versions",
+    "negotiated_codec",
+    "restrict_host_addresses",
+    "stop_decoding",
+    "wrap_rtp_handler",
+    "samples_level_dbov",
+    "send_encoded_audio",
+    "set_receiver_jitter_buffer",
+    "set_sender_encoder",
+    "use_fast_audio_level",
+]
+
+
+def set_sender_encoder(sender: RTCRtpSender, encoder: Encoder) -> None:
+    """Make ``sender`` encode with ``encoder``; call after negotiation, before it starts.
+
+    aiortc creates its encoder lazily on the first frame only if none is set, so a preset one
+    is kept.
+    """
+    sender._RTCRtpSender__encoder = encoder  # type: ignore[attr-defined]
+
+
+def set_receiver_jitter_buffer(transceiver: RTCRtpTransceiver, buffer: JitterBuffer) -> None:
+    """Replace the jitter buffer of ``transceiver``'s receiver."""
+    transceiver.receiver._RTCRtpReceiver__jitter_buffer = buffer  # type: ignore[attr-defined]
+
+
+def negotiated_codec(transceiver: RTCRtpTransceiver) -> str | None:
+    """The MIME type negotiated for ``transceiver`` (after the local description is set)."""
+    codecs = transceiver._codecs
+    return str(codecs[0].mimeType) if codecs else None
+
+
+def audio_level_dbov(frame: AudioFrame) -> int:
+    """RFC 6465's audio level of an s16 frame, as ``aiortc.rtp.compute_audio_level_dbov``.
+
+    aiortc computes it in a Python loop over every sample of every outgoing audio frame (960
+    a frame, 50 frames a second per call): about 6 % of the server's active CPU on idle calls.
+    The same arithmetic in numpy gives the same integer.
+    """
+    return samples_level_dbov(np.frombuffer(memoryview(frame.planes[0]), np.int16)[: frame.samples])
+
+
+def samples_level_dbov(samples: np.ndarray) -> int:
+    """RFC 6465's audio level of int16 samples (mono, or interleaved): -127 for silence."""
+    if not samples.size:
+        return -127
+    x = samples.astype(np.float64)
+    rms = math.sqrt(float(np.dot(x, x)) / (samples.size * 32767 * 32767))
+    if rms <= 0:
+        return -127
+    return round(min(0.0, max(-127.0, 20 * math.log10(rms))))
+
+
+EncodedSource = Callable[[], Awaitable[tuple[bytes, int, int]]]
+"""Gives the next encoded audio frame: (payload, RTP time, RFC 6465 level)."""
+
+
+def send_encoded_audio(sender: RTCRtpSender, source: EncodedSource) -> None:
+    """Have ``sender`` send the frames ``source`` gives, already encoded, with their levels.
+
+    aiortc's sender reads its track, then encodes each frame on an executor thread and waits
+    for it (a thread hand-off both ways every 20 ms); it sends packets a track hands it as
+    they are, but without their audio level. This sender's next frame comes from ``source``
+    instead, level included; its track is no longer read. Only this sender changes.
+    """
+
+    async def next_encoded_frame(codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
+        payload, timestamp, level = await source()
+        if not sender._enabled:  # as aiortc: a disabled sender drops what it is given
+            return None
+        return RTCEncodedFrame([payload], timestamp, level)
+
+    sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]
+
+
+def use_fast_audio_level() -> None:
+    """Have every aiortc sender of this process compute audio levels with numpy."""
+    rtp.compute_audio_level_dbov = audio_level_dbov
+
+
+_original_get_host_addresses = aioice.ice.get_host_addresses
+
+
+def restrict_host_addresses(addresses: Sequence[str]) -> None:
+    """Gather host candidates only on ``addresses`` (empty: every interface, aioice's default).
+
+    aioice reads this module function at gathering time and skips loopback on its own, so the
+    process-wide replacement is what lets a server bound to 127.0.0.1 gather 127.0.0.1.
+    """
+    checked = [str(ipaddress.ip_address(a)) for a in addresses]
+    if not checked:
+        aioice.ice.get_host_addresses = _original_get_host_addresses
+        return
+
+    def get_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return [
+            a
+            for a in checked
+            if (use_ipv4 and ipaddress.ip_address(a).version == 4)
+            or (use_ipv6 and ipaddress.ip_address(a).version == 6)
+        ]
+
+    aioice.ice.get_host_addresses = get_host_addresses
+
+
+RtpHandler = Callable[[Any, int], Awaitable[None]]
+"""``async handler(packet, arrival_time_ms)``: how aiortc hands a receiver an RTP packet."""
+
+
+def wrap_rtp_handler(receiver: RTCRtpReceiver, wrap: Callable[[RtpHandler], RtpHandler]) -> None:
+    """Put ``wrap(aiortc's handler)`` in front of every RTP packet ``receiver`` gets (the
+    benchmarks time packets by arrival; aiortc has no public hook for it).
+
+    The packet is an ``aiortc.rtp.RtpPacket`` (``timestamp``, ``marker``, ``payload_type``,
+    ``ssrc``), as it comes off the transport: RTX retransmissions included, in arrival order.
+    The wrapper should await the handler it was given, or aiortc never sees the packet.
+    """
+    receiver._handle_rtp_packet = wrap(receiver._handle_rtp_packet)  # type: ignore[method-assign,assignment]
+
+
+def stop_decoding(receiver: RTCRtpReceiver) -> None:
+    """Stop ``receiver``'s decoder thread; packets keep flowing through everything else.
+
+    aiortc hands every complete encoded frame to a decoder thread as soon as ``receive()``
+    starts, whether or not anyone reads the track. The benchmarks' light callers count video
+    frames without decoding them. SRTP, RTCP receiver reports, NACKs, REMB and the jitter
+    buffer go on as before, so the sender sees an ordinary receiver; only the decoding (and so
+    the track's frames) stops, and the track ends. ``_handle_disconnect`` is what aiortc itself
+    calls when the transport goes away: it stops the decoder and nothing else. Call it once
+    ``receive()`` has run, e.g. from a ``wrap_rtp_handler`` wrapper on the first packet.
+    """
+    receiver._handle_disconnect()
