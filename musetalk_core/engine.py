@@ -39,7 +39,7 @@ from .features import DEFAULT_LOOKAHEAD_S, Downsampler, FeatureStream, WhisperFe
 from .inference import StageTimes, infer_batch
 from .models import MuseTalkModels
 from .musetalk_avatar import MuseTalkAvatar
-from .types import AudioChunk, AvatarFrame
+from .types import AudioChunk, AvatarFrame, EngineError
 from .worker import InferenceWorker, RenderRequest
 
 __all__ = ["MuseTalkEngine", "MuseTalkRuntime"]
@@ -294,7 +294,7 @@ class MuseTalkEngine:
         waited_since: float | None = None
         while not self._closed:
             if self._failure is not None:
-                raise RuntimeError("MuseTalk inference failed") from self._failure
+                raise EngineError("MuseTalk inference failed") from self._failure
             while self._speech and self._speech[0].done:
                 done = self._speech.popleft()
                 for k in [k for k in self._faces if k[0] == done.segment_id]:

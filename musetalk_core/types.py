@@ -8,7 +8,16 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["AudioChunk", "AvatarFrame", "LipSyncEngine"]
+__all__ = ["AudioChunk", "AvatarFrame", "AvatarRtcError", "EngineError", "LipSyncEngine"]
+
+
+class AvatarRtcError(Exception):
+    """The root of every error avatar-rtc raises on purpose (the tree: docs/ARCHITECTURE.md,
+    "Errors"). A bare ``RuntimeError`` or ``AssertionError`` from our code is a bug."""
+
+
+class EngineError(AvatarRtcError, RuntimeError):
+    """A lip-sync engine that cannot go on (its inference failed, it was closed)."""
 
 
 @dataclass(frozen=True, slots=True)

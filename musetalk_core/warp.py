@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .segments import SegmentQueue
-from .types import AudioChunk, AvatarFrame
+from .types import AudioChunk, AvatarFrame, EngineError
 from .warp_avatar import WarpAvatar
 
 __all__ = ["WarpEngine", "WarpRenderer", "mouth_shape"]
@@ -484,7 +484,7 @@ class WarpEngine:
     async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
         """Queue mono int16 speech at exactly :attr:`sample_rate` for utterance ``segment_id``."""
         if self._closed:
-            raise RuntimeError("WarpEngine is closed")
+            raise EngineError("WarpEngine is closed")
         if chunk.sample_rate != self._sample_rate:
             raise ValueError(
                 f"audio at {chunk.sample_rate} Hz; this engine takes {self._sample_rate} Hz"

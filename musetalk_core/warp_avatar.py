@@ -25,6 +25,8 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from .types import AvatarRtcError
+
 __all__ = [
     "AvatarError",
     "NoFaceError",
@@ -56,7 +58,7 @@ _MIN_FACE_FRACTION = 1 / 12
 """Smallest face searched for, as a fraction of the shorter image side."""
 
 
-class AvatarError(ValueError):
+class AvatarError(AvatarRtcError, ValueError):
     """A portrait could not be loaded or prepared."""
 
 

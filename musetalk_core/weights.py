@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .types import AvatarRtcError
+
 __all__ = [
     "DEFAULT_WEIGHTS_DIR",
     "FILES",
@@ -52,7 +54,7 @@ VAE_DIR = "sd-vae"
 WHISPER_DIR = "whisper"
 
 
-class WeightsError(RuntimeError):
+class WeightsError(AvatarRtcError, RuntimeError):
     """The weights directory is missing, incomplete or corrupt; the message says which file."""
 
 

@@ -6,12 +6,17 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from musetalk_core.types import AvatarRtcError
 from signaling.access import ORIGIN
 
 ENGINES = ("auto", "musetalk", "warp", "sync-test")
 STTS = ("auto", "local", "openai")
 LLMS = ("auto", "echo", "openai")
 TTSS = ("auto", "piper", "elevenlabs", "openai")
+
+
+class ConfigError(AvatarRtcError, ValueError):
+    """A configuration the server cannot run with; the message names the option."""
 
 
 def default_cache_dir() -> Path:
@@ -108,7 +113,7 @@ class ServerConfig:
         for name, allowed in (("stt", STTS), ("llm", LLMS), ("tts", TTSS)):
             value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
         if name_missing := [
             n
             for n, need, key in (
@@ -118,47 +123,47 @@ class ServerConfig:
             )
             if getattr(self, n) == need and not key
         ]:
-            raise ValueError(f"--{name_missing[0]} needs its API key in the environment")
+            raise ConfigError(f"--{name_missing[0]} needs its API key in the environment")
         if self.llm == "openai" and not (self.openai_api_key or self.openai_base_url):
-            raise ValueError("--llm openai needs OPENAI_API_KEY or OPENAI_BASE_URL")
+            raise ConfigError("--llm openai needs OPENAI_API_KEY or OPENAI_BASE_URL")
         if self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
+            raise ConfigError("max_tokens must be at least 1")
         if self.vad_hangover_ms < 100:
-            raise ValueError("vad_hangover_ms below 100 ms would cut callers off mid-sentence")
+            raise ConfigError("vad_hangover_ms below 100 ms would cut callers off mid-sentence")
         if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if not 1 <= self.musetalk_batch <= 256:
-            raise ValueError("--musetalk-batch must be 1..256")
+            raise ConfigError("--musetalk-batch must be 1..256")
         if not 0 < self.port < 65536:
-            raise ValueError(f"port must be 1..65535, not {self.port}")
+            raise ConfigError(f"port must be 1..65535, not {self.port}")
         if self.max_call_s <= 0 or self.rate_limit_per_min < 0:
-            raise ValueError("max_call_s must be > 0 and rate_limit_per_min >= 0")
+            raise ConfigError("max_call_s must be > 0 and rate_limit_per_min >= 0")
         if self.max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+            raise ConfigError("max_sessions must be at least 1")
         if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("--cert-file and --key-file go together")
+            raise ConfigError("--cert-file and --key-file go together")
         for origin in self.allowed_origins:
             if origin != "*" and not ORIGIN.fullmatch(origin):
-                raise ValueError(
+                raise ConfigError(
                     f"--allowed-origin must be scheme://host[:port] (no path), not {origin!r}"
                 )
         if self.idle_timeout_s < 0 or self.drain_timeout_s < 0:
-            raise ValueError("idle_timeout_s and drain_timeout_s must be >= 0")
+            raise ConfigError("idle_timeout_s and drain_timeout_s must be >= 0")
         if self.max_say_chars < 1:
-            raise ValueError("max_say_chars must be at least 1")
+            raise ConfigError("max_say_chars must be at least 1")
         if bool(self.turn_secret) != bool(self.turn_urls):
-            raise ValueError("--turn-secret and --turn-url go together")
+            raise ConfigError("--turn-secret and --turn-url go together")
         for url in self.turn_urls:
             if not url.startswith(("turn:", "turns:")) or "@" in url:
-                raise ValueError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
+                raise ConfigError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
         if not 60 <= self.turn_ttl_s <= 7 * 86400:
-            raise ValueError("turn_ttl_s must be 60 s .. 7 days")
+            raise ConfigError("turn_ttl_s must be 60 s .. 7 days")
         if self.public_address is not None:
             try:
                 public = ipaddress.ip_address(self.public_address)
             except ValueError:
-                raise ValueError(
+                raise ConfigError(
                     f"--public-address must be an IP address, not {self.public_address!r}"
                 ) from None
             if public.is_unspecified:
-                raise ValueError("--public-address cannot be the unspecified address")
+                raise ConfigError("--public-address cannot be the unspecified address")

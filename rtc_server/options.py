@@ -16,11 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtc_server.config import ENGINES, LLMS, STTS, TTSS, ServerConfig, default_cache_dir
+from rtc_server.config import (
+    ENGINES,
+    LLMS,
+    STTS,
+    TTSS,
+    ConfigError,
+    ServerConfig,
+    default_cache_dir,
+)
 from rtc_server.logs import LOG_FORMATS
 
 
-class EnvError(ValueError):
+class EnvError(ConfigError):
     """An ``AVATAR_RTC_*`` variable whose value its option cannot take."""
 
 

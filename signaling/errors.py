@@ -8,12 +8,14 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
+from musetalk_core.types import AvatarRtcError
+
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 
 
-class SignalingError(Exception):
+class SignalingError(AvatarRtcError):
     """A request the API refuses; becomes a JSON error response with ``status``."""
 
     def __init__(

@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Callable
 import numpy as np
 
 from musetalk_core.segments import SegmentQueue
-from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
+from musetalk_core.types import AudioChunk, AvatarFrame, EngineError, LipSyncEngine
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ STALL_S = 2.0
 """No frame for this long while there is speech to render is a stall."""
 
 
-class EngineStalled(RuntimeError):
+class EngineStalled(EngineError):
     """The engine rendered nothing for ``STALL_S`` while it had speech to render."""
 
 

@@ -8,10 +8,10 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from musetalk_core.types import AudioChunk
+from musetalk_core.types import AudioChunk, AvatarRtcError
 
 
-class ProviderError(Exception):
+class ProviderError(AvatarRtcError):
     """A provider call that failed; ``retryable`` says whether trying again may help.
 
     Vendor and transport exceptions are translated into this at the provider boundary, so the
