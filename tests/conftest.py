@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from aiohttp import web
 from rtc_server.app import MANAGER, SessionManager, create_app
 from rtc_server.config import ServerConfig
 from rtc_server.engine_factory import EngineFactory, load_engine_factory
+from tests.waiting import wait_until
 
 # Servers the tests start (`avatar-rtc serve` subprocesses) are single processes, as before
 # `--workers`: its default (one per core) would load the models once per core for each.
@@ -59,11 +59,7 @@ async def start_server(
     await site.start()
     port = runner.addresses[0][1]
     server = LiveServer(f"http://127.0.0.1:{port}", app)
-    for _ in range(200):
-        if server.manager.ready:
-            break
-        await asyncio.sleep(0.05)
-    assert server.manager.ready, "server did not load its models"
+    await wait_until(lambda: server.manager.ready, 30.0, "the server loaded its models")
     return server, runner
 
 

@@ -14,6 +14,7 @@ from rtc_server.engine_factory import EngineFactory
 from signaling.access import TokenSigner
 from signaling.errors import SignalingError
 from tests.conftest import LiveServer, start_server
+from tests.waiting import wait_until
 
 KEY = "test-api-key-0123456789"
 
@@ -180,7 +181,6 @@ async def test_offer_rate_limit_is_429_and_spares_running_calls(
 async def test_a_call_ends_at_its_time_limit(
     engine_factory: EngineFactory, cache_dir: Path
 ) -> None:
-    import asyncio
 
     from benchmarks.client import CallClient
 
@@ -191,11 +191,7 @@ async def test_a_call_ends_at_its_time_limit(
         await caller.wait_channel_open()
         error = await caller.wait_event(lambda e: e.get("type") == "error", 5)
         assert error["code"] == "call_limit"
-        for _ in range(50):
-            if session_id not in server.manager.sessions:
-                break
-            await asyncio.sleep(0.1)
-        assert session_id not in server.manager.sessions
+        await wait_until(lambda: session_id not in server.manager.sessions, 10.0, "call closed")
     finally:
         await caller.close()
         await runner.cleanup()

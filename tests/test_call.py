@@ -12,6 +12,7 @@ from benchmarks.analysis import av_offset, mouth_motion, stream_times
 from benchmarks.client import CallClient
 from rtc_server.media.resample import resample_int16
 from tests.conftest import LiveServer
+from tests.waiting import holds_within, wait_for_video
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog. "
@@ -35,14 +36,6 @@ def whisper():  # type: ignore[no-untyped-def]
 
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
-
-
-async def _wait_frames(client: CallClient, count: int, timeout: float = 15.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if len(client.received.video) >= count:
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"only {len(client.received.video)} video frames arrived")
 
 
 def _by_rtp_time(audio: list[tuple[float, int, np.ndarray]]) -> tuple[np.ndarray, int]:
@@ -72,7 +65,7 @@ async def test_say_over_a_real_call(live_server: LiveServer, whisper) -> None:  
     try:
         await client.connect()
         await client.wait_channel_open()
-        await _wait_frames(client, 5)
+        await wait_for_video(client, 5)
         assert client.video_codec() == "video/H264"
         await client.wait_state("listening", timeout=5)
 
@@ -174,7 +167,7 @@ async def test_vp8_only_when_the_offer_has_no_h264(live_server: LiveServer) -> N
     client = CallClient(live_server.url)
     try:
         await client.connect(video_codecs=["video/VP8"])
-        await _wait_frames(client, 10)
+        await wait_for_video(client, 10)
         assert client.video_codec() == "video/VP8"
         assert client.received.video[-1][2].shape == (512, 512, 3)
     finally:
@@ -188,7 +181,7 @@ async def test_an_idle_calls_silence_is_replayed_not_encoded(live_server: LiveSe
     try:
         await client.connect()
         await client.wait_channel_open()
-        await _wait_frames(client, 5)
+        await wait_for_video(client, 5)
         # Silent frames: the first 10 encoded, then the silent packet again (a second of
         # idle call is 50 frames; a loaded machine may take longer to send them).
         sent: dict[str, float] = {}
@@ -226,10 +219,8 @@ async def test_a_calls_log_lines_carry_its_session_id(
         await client.wait_channel_open()
     finally:
         await client.close()
-    for _ in range(400):  # the hang-up reaches the server at once; a busy machine is slower
-        if client.session_id not in live_server.manager.sessions:
-            break
-        await asyncio.sleep(0.05)
+    # The hang-up reaches the server at once; a busy machine is slower.
+    await holds_within(lambda: client.session_id not in live_server.manager.sessions, 20.0)
     lines = [r.getMessage() for r in caplog.records if r.name == "rtc_server.session"]
     assert f"session {client.session_id[:8]}: connection connected" in lines, lines
     assert f"session {client.session_id[:8]}: closed" in lines, lines

@@ -54,6 +54,7 @@ from signaling.errors import SignalingError
 from signaling.messages import parse_client_event, parse_text
 from tests.conftest import LiveServer, start_server
 from tests.reliability import trials
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -1802,13 +1803,6 @@ def test_a_client_hanging_up_mid_body_is_no_server_error(
     assert_healthy(open_, error_log)
 
 
-async def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def test_bad_messages_never_end_the_call(live_server: LiveServer) -> None:
     caller = CallClient(live_server.url, record_video=False)
     handler = ErrorLog()
@@ -1826,7 +1820,7 @@ async def test_bad_messages_never_end_the_call(live_server: LiveServer) -> None:
         mark = len(caller.events)
         for message in bad:
             caller.channel.send(message)
-        await _wait_for(lambda: sum(e["type"] == "error" for e in caller.events[mark:]) >= 5)
+        await wait_until(lambda: sum(e["type"] == "error" for e in caller.events[mark:]) >= 5)
         codes = [e["code"] for e in caller.events[mark:] if e["type"] == "error"]
         assert codes == ["bad_message", "bad_message", "bad_text", "bad_text", "bad_text"]
         assert session.state == "listening"  # not stuck in "thinking"

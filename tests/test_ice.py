@@ -27,6 +27,7 @@ from rtc_server.engine_factory import EngineFactory
 from rtc_server.ice import IceServers, announce_address, turn_rest_credentials
 from signaling.access import TokenSigner
 from tests.conftest import LiveServer, start_server
+from tests.waiting import wait_for_video
 
 SECRET = "north-wind-secret"
 TURN_URLS = ("turn:127.0.0.1:3478?transport=udp", "turn:127.0.0.1:3478?transport=tcp")
@@ -202,14 +203,6 @@ def _host_candidates(sdp: str) -> list[tuple[str, int]]:
     ]
 
 
-async def _wait_video(caller: CallClient, frames: int, timeout: float = 15.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if len(caller.received.video) >= frames:
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"only {len(caller.received.video)} video frames arrived")
-
-
 async def test_a_call_connects_with_a_public_address(
     engine_factory: EngineFactory, cache_dir: Path
 ) -> None:
@@ -224,7 +217,7 @@ async def test_a_call_connects_with_a_public_address(
         await caller.connect(before_answer=keep)
         candidates = _host_candidates(answers[0])
         assert candidates and all(address == "127.0.0.1" for address, _ in candidates)
-        await _wait_video(caller, 10)
+        await wait_for_video(caller, 10)
     finally:
         await caller.close()
         await runner.cleanup()
@@ -250,7 +243,7 @@ async def test_a_call_connects_when_the_servers_own_turn_allocation_fails(
         started = time.monotonic()
         await caller.connect()
         assert time.monotonic() - started < 8.0
-        await _wait_video(caller, 10)
+        await wait_for_video(caller, 10)
     finally:
         await caller.close()
         await runner.cleanup()
@@ -323,7 +316,7 @@ async def test_nat_one_to_one_the_caller_reaches_the_announced_address(tmp_path:
     try:
         await caller.connect(before_answer=open_nat)
         await caller.wait_channel_open(15)
-        await _wait_video(caller, 10)
+        await wait_for_video(caller, 10)
         (nat,) = nats
         # ICE checks to the announced address went in, and the server's answers came out.
         assert nat.inbound > 0 and nat.outbound > 0, (nat.inbound, nat.outbound)

@@ -14,6 +14,7 @@ from benchmarks.client import CallClient
 from musetalk_core.warp import WarpEngine
 from rtc_server.session import AvatarSession
 from tests.conftest import LiveServer
+from tests.waiting import holds_within, wait_until
 
 
 def _fds() -> int:
@@ -24,10 +25,7 @@ async def _one_call(server: LiveServer, end_by_delete: bool) -> None:
     client = CallClient(server.url)
     try:
         session_id = await client.connect()
-        for _ in range(200):
-            if len(client.received.video) >= 3:
-                break
-            await asyncio.sleep(0.02)
+        await holds_within(lambda: len(client.received.video) >= 3, 10.0)
         assert client.received.video, "no video arrived"
         if end_by_delete:
             async with aiohttp.ClientSession() as http:
@@ -36,11 +34,7 @@ async def _one_call(server: LiveServer, end_by_delete: bool) -> None:
     finally:
         await client.close()
     # A caller that just hangs up is noticed too (DTLS close), without a DELETE.
-    for _ in range(200):
-        if session_id not in server.manager.sessions:
-            break
-        await asyncio.sleep(0.02)
-    assert session_id not in server.manager.sessions
+    await wait_until(lambda: session_id not in server.manager.sessions, 10.0, "call reaped")
 
 
 POOL_PREFIXES = ("asyncio_", "avatar-rtc_")

@@ -16,6 +16,7 @@ from rtc_server.cli import build_parser, main
 from rtc_server.config import ServerConfig
 from rtc_server.engine_factory import EngineFactory
 from tests.conftest import LiveServer, start_server
+from tests.waiting import holds_within
 
 
 @pytest.fixture
@@ -36,11 +37,7 @@ async def _connected(server: LiveServer) -> CallClient:
 
 
 async def _gone(server: LiveServer, session_id: str, timeout: float = 5.0) -> bool:
-    for _ in range(int(timeout / 0.05)):
-        if session_id not in server.manager.sessions:
-            return True
-        await asyncio.sleep(0.05)
-    return False
+    return await holds_within(lambda: session_id not in server.manager.sessions, timeout)
 
 
 def _errors(caller: CallClient) -> list[dict[str, object]]:

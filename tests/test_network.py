@@ -57,6 +57,7 @@ from benchmarks.sync import OPUS_DECODER_DELAY_S, sync_test_factory
 from tests.conftest import LiveServer, start_server
 from tests.netrelay import Impairment, NetRelay
 from tests.reliability import trials
+from tests.waiting import holds_within, wait_for_video
 
 SEED = 7
 AV_BOUND_MS = 45.0
@@ -265,10 +266,7 @@ class NetCall:
     async def cut_and_count(self) -> None:
         """Cut the link, let the packets in flight land, then check the path."""
         self.relay.outage(60.0)
-        for _ in range(100):
-            if not self.relay.in_flight:
-                break
-            await asyncio.sleep(0.02)
+        await holds_within(lambda: not self.relay.in_flight, 2.0)
         await asyncio.sleep(0.2)
         self.assert_only_path()
 
@@ -457,11 +455,7 @@ async def net_call(cache_dir: Path) -> AsyncIterator[NetCall]:
         await client.connect_through(relay)
         await client.wait_channel_open()
         call = NetCall(server, relay, client)
-        for _ in range(200):
-            if len(client.received.video) >= 10:
-                break
-            await asyncio.sleep(0.05)
-        assert len(client.received.video) >= 10, "no video through the relay"
+        await wait_for_video(client, 10, 15.0)  # through the relay
         watcher = asyncio.ensure_future(call.watch_loop())
         await asyncio.sleep(1.5)  # a clean stretch: the timelines' anchors
         call.marks["clean_end"] = time.monotonic()
@@ -616,12 +610,13 @@ async def test_outages_of_2_s(net_call: NetCall) -> None:
         # cannot repair its picture asks for one with a PLI: the server answers within the bound.
         asked = time.monotonic()
         await call.client.request_keyframe()
-        for _ in range(100):
-            keyframes = [d.at for d in call.delivered("video") if d.key and d.at > asked]
-            if keyframes:
-                break
-            await asyncio.sleep(0.02)
-        keyframe_ms = (keyframes[0] - asked) * 1000 if keyframes else float("inf")
+
+        def keyframes() -> list[float]:
+            return [d.at for d in call.delivered("video") if d.key and d.at > asked]
+
+        await holds_within(keyframes, 2.0)
+        keyframes_seen = keyframes()
+        keyframe_ms = (keyframes_seen[0] - asked) * 1000 if keyframes_seen else float("inf")
         print(f"outages: keyframe {keyframe_ms:.0f} ms after a PLI")
         assert keyframe_ms <= RECOVERY_BOUND_MS
 

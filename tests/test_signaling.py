@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.client import make_offer
 from tests.conftest import LiveServer
+from tests.waiting import holds_within
 
 
 async def _post(server: LiveServer, path: str, data: bytes | str, **kw: object) -> tuple[int, dict]:
@@ -144,10 +145,7 @@ async def test_at_capacity_is_503_with_retry_after(engine_factory, cache_dir) ->
     try:
         await first.connect()
         sdp = await make_offer()
-        for _ in range(100):
-            if first.received.video:
-                break
-            await asyncio.sleep(0.05)
+        await holds_within(lambda: first.received.video, 5.0)
         before = len(first.received.video)
         async with aiohttp.ClientSession() as http:
             async with http.post(server.url + "/offer", json={"sdp": sdp, "type": "offer"}) as r:

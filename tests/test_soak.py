@@ -30,6 +30,7 @@ from tests.conftest import LiveServer, start_server
 from tests.reliability import Trials, trials
 from tests.test_leaks import _settle
 from tests.test_vanished import rss_mb
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_RSS_GROWTH_MB = 30.0
@@ -101,11 +102,7 @@ async def run_calls(
         else:
             assert not problems(r, allowed), r
     # Every call is gone from the server, whichever way it hung up.
-    for _ in range(200):
-        if not server.manager.sessions:
-            break
-        await asyncio.sleep(0.05)
-    assert not server.manager.sessions
+    await wait_until(lambda: not server.manager.sessions, 20.0, "every call gone from the server")
     return results
 
 

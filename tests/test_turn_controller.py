@@ -34,6 +34,7 @@ from rtc_server.turn_controller import (
 from rtc_server.vad import SpeechEnd, SpeechPause, SpeechResume, SpeechStart
 from signaling.messages import ClientEvent
 from tests.fakes import CountingEngine
+from tests.waiting import wait_until
 
 UNIT_S = 0.04
 SENTENCE_S = 0.4
@@ -167,17 +168,6 @@ async def settle() -> None:
     """Let every task that can run, run (nothing here waits on a thread or a timer)."""
     for _ in range(20):
         await asyncio.sleep(0)
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Let the loop and the executor run until ``condition()`` (a bound, not a speed)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    await asyncio.sleep(0)
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.002)
 
 
 def utterance(seconds: float) -> np.ndarray:
