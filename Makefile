@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test test-slow install chromium lint clean
+.PHONY: run test test-slow install chromium lint lint-js clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,21 @@ chromium:
 	  echo "installing Chromium from Debian..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-lint: install
+lint: install lint-js
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# The pages' JavaScript, with ESLint from npm (Node.js from Debian when it is missing).
+node_modules/.installed: package.json package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "installing Node.js from Debian..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	npm ci --no-audit --no-fund --silent
+	touch $@
+
+lint-js: node_modules/.installed
+	npx --no-install eslint rtc_server/static
 
 # Tests run in a network namespace holding only `lo` where that is allowed (root), so no packet
 # of any call can leave 127.0.0.1; elsewhere they run as they are, still bound to 127.0.0.1.
@@ -48,4 +59,4 @@ test-slow:
 	$(MAKE) test PYTEST_ARGS="-m slow $(PYTEST_ARGS)"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -88,12 +88,18 @@ async def chromium_page(user_data_dir: Path, extra_args: Sequence[str] = ()) -> 
 # Driving the call page
 
 
+def with_test_hooks(url: str) -> str:
+    """``url`` with ``testHooks`` in its query: the call page then exposes window.avatarCall
+    (the page does not otherwise)."""
+    return url + ("&" if "?" in url else "?") + "testHooks=1"
+
+
 async def start_call(
     page: Page, url: str, *, timeout_s: float = 20.0, navigate: bool = True
 ) -> str:
     """Open the call page, press Start, wait until the avatar plays; returns the session id."""
     if navigate:
-        await page.goto(url)
+        await page.goto(with_test_hooks(url))
     await page.get_by_role("button", name="Start").click()
     await page.wait_for_function(
         "() => window.avatarCall?.sessionId && window.avatarCall.channel?.readyState === 'open'",

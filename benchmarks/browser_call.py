@@ -27,6 +27,7 @@ from benchmarks.browser import (
     wait_for_audio_buffer_to_settle,
     wait_for_sender_reports,
     wait_for_state,
+    with_test_hooks,
 )
 from benchmarks.call import SAYS, _server
 from benchmarks.report import progress, summary
@@ -57,7 +58,7 @@ async def _measure(
     try:
         with tempfile.TemporaryDirectory() as profile:
             async with chromium_page(Path(profile)) as page:
-                await page.goto(f"{url}/")
+                await page.goto(with_test_hooks(f"{url}/"))
                 await page.evaluate(FIRST_FRAME_JS)
                 await start_call(page, f"{url}/", navigate=False)
                 await page.wait_for_function("() => window.__benchFirstFrame !== undefined")

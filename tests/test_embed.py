@@ -274,7 +274,8 @@ async def test_a_host_page_embeds_the_avatar_and_drives_it(
     try:
         token = await _mint(server)
         options = {"server": server.url, "token": token, "autostart": True, "theme": "dark"}
-        url = host_origin + "/?" + urlencode({"server": server.url, "options": json.dumps(options)})
+        query = {"server": server.url, "options": json.dumps(options), "testHooks": "1"}
+        url = host_origin + "/?" + urlencode(query)
         async with chromium_page(tmp_path / "profile") as page:
             await page.goto(url)
             await _wait_event(page, "ready")

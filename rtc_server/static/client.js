@@ -1,13 +1,15 @@
 // The avatar-rtc call page: the UI around one Call (call.js has the call itself).
 //
-// Test hook: window.avatarCall is the current Call (pc, sessionId, channel, playing, states,
-// events: every data-channel event received, in order).
+// Test hook, for the browser tests and benchmarks only: with ?testHooks in the page's URL,
+// window.avatarCall is the current Call (pc, sessionId, channel, playing, states, events:
+// every data-channel event received, in order). Without it the page exposes nothing.
 
 import { Call, StatsSampler } from "./call.js";
 
 const STATS_INTERVAL_MS = 1000;
 // A server started with --api-key wants a call token (POST /token): pass it as ?token=...
 const TOKEN = new URLSearchParams(location.search).get("token");
+const TEST_HOOKS = new URLSearchParams(location.search).has("testHooks");
 
 const $ = (id) => document.getElementById(id);
 
@@ -135,7 +137,7 @@ async function startCall() {
   const current = new Call(ui.video, { token: TOKEN });
   call = current;
   replying = false;
-  window.avatarCall = current;
+  if (TEST_HOOKS) window.avatarCall = current;
   current.addEventListener("connection", (e) => onConnection(current, e.detail));
   current.addEventListener("channel", (e) => setChannelOpen(e.detail));
   current.addEventListener("event", (e) => onEvent(current, e.detail));

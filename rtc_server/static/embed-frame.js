@@ -11,7 +11,9 @@
 // own or an --allowed-origin, rendered into <html data-allowed-origins>); events go only to that
 // origin, never to "*".
 //
-// Test hook: window.avatarCall is the current Call.
+// Test hook, for the browser tests only: with ?testHooks in the frame's URL (embed.js passes
+// it on from the host page's), window.avatarCall is the current Call; otherwise nothing is
+// exposed.
 
 import { Call } from "./call.js";
 
@@ -47,6 +49,7 @@ function originAllowed(origin) {
 // ---------------------------------------------------------------------------------------------
 // The parent page
 
+const TEST_HOOKS = new URLSearchParams(location.search).has("testHooks");
 const framed = window.parent !== window;
 
 /** The parent's origin as the browser reports it, before it has sent anything. */
@@ -128,7 +131,7 @@ async function startCall(token) {
   setStatus("Connecting…");
   const current = new Call(ui.video, { token: token || URL_TOKEN, avatar: settings.avatar });
   call = current;
-  window.avatarCall = current;
+  if (TEST_HOOKS) window.avatarCall = current;
   current.addEventListener("channel", (e) => onChannel(current, e.detail));
   current.addEventListener("connection", (e) => {
     if (e.detail === "failed" && current === call) endCall("failed");

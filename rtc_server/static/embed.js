@@ -42,6 +42,10 @@
       if (options.autostart && !this.token) url.searchParams.set("autostart", "1");
       if (options.avatar) url.searchParams.set("avatar", options.avatar);
       if (options.theme) url.searchParams.set("theme", options.theme);
+      // The browser tests' hook (window.avatarCall in the frame), passed on from the host page.
+      if (new URLSearchParams(location.search).has("testHooks")) {
+        url.searchParams.set("testHooks", "1");
+      }
       if (options.autostart && this.token) this.start();
 
       const frame = document.createElement("iframe");
