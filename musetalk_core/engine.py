@@ -39,6 +39,7 @@ from .features import DEFAULT_LOOKAHEAD_S, Downsampler, FeatureStream, WhisperFe
 from .inference import StageTimes, infer_batch
 from .models import MuseTalkModels
 from .musetalk_avatar import MuseTalkAvatar
+from .segments import SegmentQueue
 from .types import AudioChunk, AvatarFrame, EngineError
 from .worker import InferenceWorker, RenderRequest
 
@@ -152,32 +153,6 @@ class _WorkerSegment:
         self.ended = False
 
 
-class _Speech:
-    """Loop-side copy of an utterance's 48 kHz audio, cut into frame slices."""
-
-    def __init__(self, segment_id: int, frame_samples: int) -> None:
-        self.segment_id = segment_id
-        self.frame_samples = frame_samples
-        self.pcm = bytearray()
-        self.ended = False
-        self.emitted = 0
-
-    def available(self) -> int:
-        """Frames whose audio is complete (the last one padded once the utterance ended)."""
-        n = len(self.pcm) // 2
-        whole = n // self.frame_samples
-        return whole + (1 if self.ended and n % self.frame_samples else 0)
-
-    def slice(self, index: int) -> npt.NDArray[np.int16]:
-        size = 2 * self.frame_samples
-        piece = bytes(self.pcm[index * size : (index + 1) * size]).ljust(size, b"\0")
-        return np.frombuffer(piece, np.int16).copy()
-
-    @property
-    def done(self) -> bool:
-        return self.ended and self.emitted >= self.available()
-
-
 class MuseTalkEngine:
     """One call's MuseTalk engine; see the module docstring."""
 
@@ -196,7 +171,10 @@ class MuseTalkEngine:
         self._ops_lock = threading.Lock()
         self._generation = 0
         self._segments: collections.deque[_WorkerSegment] = collections.deque()
-        self._speech: collections.deque[_Speech] = collections.deque()
+        self._speech = SegmentQueue(self._frame_samples)
+        """Loop-side copy of the speech, cut into frame slices as the frames go out."""
+        self._pushing: int | None = None
+        """The segment audio was last pushed for."""
         self._faces: dict[tuple[int, int], U8] = {}
         self._arrived = asyncio.Event()
         self._failure: BaseException | None = None
@@ -249,22 +227,21 @@ class MuseTalkEngine:
             raise ValueError(f"MuseTalkEngine takes {self._rate} Hz audio, got {chunk.sample_rate}")
         self._attach()
         pcm = np.ascontiguousarray(chunk.pcm, dtype=np.int16)
-        if not self._speech or self._speech[-1].segment_id != segment_id:
-            self._speech.append(_Speech(segment_id, self._frame_samples))
+        if self._pushing != segment_id:
+            self._pushing = segment_id
             # The utterance starts after the idle frames already handed out (about 3 ahead).
             self._queue("start", self._generation, segment_id, self._cycle_pos + 3)
-        self._speech[-1].pcm.extend(pcm.tobytes())
+        self._speech.push(pcm, segment_id)
         self._queue("audio", self._generation, segment_id, pcm)
 
     async def end_segment(self, segment_id: int) -> None:
-        for speech in self._speech:
-            if speech.segment_id == segment_id:
-                speech.ended = True
+        self._speech.end(segment_id)
         self._queue("end", self._generation, segment_id)
 
     def clear(self) -> None:
         self._generation += 1
         self._speech.clear()
+        self._pushing = None
         self._faces.clear()
         self._queue("clear", self._generation)
 
@@ -295,18 +272,13 @@ class MuseTalkEngine:
         while not self._closed:
             if self._failure is not None:
                 raise EngineError("MuseTalk inference failed") from self._failure
-            while self._speech and self._speech[0].done:
-                done = self._speech.popleft()
-                for k in [k for k in self._faces if k[0] == done.segment_id]:
-                    del self._faces[k]
-            speech = self._speech[0] if self._speech else None
-            if speech is None or speech.emitted >= speech.available():
+            key = self._speech.peek()
+            if key is None:
                 waited_since = None
                 yield self._idle(idle_audio)
                 await asyncio.sleep(0)
                 continue
-            key = (speech.segment_id, speech.emitted)
-            if speech.emitted == 0 and key not in self._faces:
+            if key[1] == 0 and key not in self._faces:
                 # Rule 3: the reply starts with its video; idle frames until the first face.
                 now = time.monotonic()
                 waited_since = now if waited_since is None else waited_since
@@ -317,19 +289,22 @@ class MuseTalkEngine:
             elif key not in self._faces:
                 await self._wait_face(key, self.frame_wait)
             waited_since = None
-            if not self._speech or self._speech[0] is not speech:
+            if self._speech.peek() != key:
                 continue  # cleared while waiting
+            piece = self._speech.next_piece()
+            assert piece is not None
             face = self._faces.pop(key, None)
-            audio = AudioChunk(speech.slice(speech.emitted), self._rate)
-            speech.emitted += 1
-            self._mark = (speech.segment_id, speech.emitted)
+            for old in [k for k in self._faces if k < key]:
+                del self._faces[old]  # frames of pieces gone by (shown degraded, or cleared)
+            audio = AudioChunk(piece.pcm, self._rate)
+            self._mark = (piece.segment_id, piece.index + 1)
             if face is None:
                 self.degraded_frames += 1
                 image = self._idle_image()
             else:
                 image = face
             self._cycle_pos += 1
-            yield AvatarFrame(image, audio, True, speech.segment_id)
+            yield AvatarFrame(image, audio, True, piece.segment_id)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -362,11 +337,11 @@ class MuseTalkEngine:
     def _arrive(self, generation: int, segment_id: int, first: int, images: list[U8]) -> None:
         if generation != self._generation or self._closed:
             return
-        speech = next((s for s in self._speech if s.segment_id == segment_id), None)
-        if speech is None:
+        emitted = self._speech.taken(segment_id)
+        if emitted is None:
             return
         for i, image in enumerate(images):
-            if first + i >= speech.emitted:  # a frame already shown degraded is not kept
+            if first + i >= emitted:  # a frame already shown degraded is not kept
                 self._faces[(segment_id, first + i)] = image
         self.rendered_frames += len(images)
         self._arrived.set()

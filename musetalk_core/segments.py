@@ -106,6 +106,24 @@ class SegmentQueue:
             self._segments.popleft()
         return None
 
+    def peek(self) -> tuple[int, int] | None:
+        """(segment_id, index) of the piece :meth:`next_piece` would return now, not taken."""
+        n = self.frame_samples
+        for segment in self._segments:
+            if segment.available >= n or (segment.ended and segment.available > 0):
+                return segment.segment_id, segment.taken
+            if not segment.ended:
+                return None
+        return None
+
+    def taken(self, segment_id: int) -> int | None:
+        """Pieces of ``segment_id`` taken so far; None once it is gone (cleared, or played
+        out and dropped)."""
+        for segment in self._segments:
+            if segment.segment_id == segment_id:
+                return segment.taken
+        return None
+
     def skip(self, segment_id: int) -> None:
         """One piece of ``segment_id`` was presented elsewhere: drop it (and older segments)."""
         while self._segments and self._segments[0].segment_id != segment_id:

@@ -63,3 +63,25 @@ def test_skip_and_remaining_follow_what_was_presented_elsewhere() -> None:
     assert [s for s, _, _, _ in queue.remaining()] == [1]
     queue.clear()
     assert queue.next_piece() is None and not queue.pending
+
+
+def test_peek_names_the_next_piece_without_taking_it_and_taken_counts_per_segment() -> None:
+    q = SegmentQueue(4)
+    assert q.peek() is None and q.taken(0) is None
+    q.push(np.arange(6, dtype=np.int16), 0)
+    assert q.peek() == (0, 0) and q.peek() == (0, 0)  # looking takes nothing
+    assert q.next_piece() is not None and q.taken(0) == 1
+    assert q.peek() is None  # 2 samples left of a segment that may still grow
+    q.push(np.arange(3, dtype=np.int16), 1)  # a new segment ends the one before
+    assert q.peek() == (0, 1)
+    piece = q.next_piece()
+    assert piece is not None and piece.index == 1 and list(piece.pcm) == [4, 5, 0, 0]
+    assert q.peek() is None  # segment 1 has 3 of 4 samples and has not ended
+    q.end(1)
+    assert q.peek() == (1, 0) and q.taken(1) == 0
+    q.next_piece()
+    assert q.peek() is None and q.next_piece() is None
+    assert q.taken(0) is None  # played out and dropped
+    q.push(np.arange(8, dtype=np.int16), 2)
+    q.clear()
+    assert q.peek() is None and q.taken(2) is None
