@@ -29,6 +29,7 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from benchmarks.analysis import loud_frames
 from benchmarks.client import CallClient
+from tests.waiting import wait_for_video
 
 HEARD_S = 0.3
 """Loud audio that counts as the reply heard (the shortest reply, "Hello there.", has 0.5 s)."""
@@ -52,21 +53,13 @@ class _ReceiveOnly(CallClient):
             self.pc.addTransceiver = add  # type: ignore[method-assign]
 
 
-async def _wait_video(client: CallClient, frames: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(client.received.video) < frames:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(client.received.video)} video frames in {timeout:.0f} s")
-        await asyncio.sleep(0.02)
-
-
 async def stay(url: str, text_only: bool) -> int:
     cls = _ReceiveOnly if text_only else CallClient
     client = cls(url, record_video=False)
     await client.connect()
     await client.wait_channel_open()
     await client.wait_state("listening", 10)
-    await _wait_video(client, 3)
+    await wait_for_video(client, 3)
     client.record = False  # from here on, received media is decoded and dropped
     senders = [t.kind for t in client.pc.getTransceivers() if t.direction != "recvonly"]
     print(json.dumps({"session_id": client.session_id, "sending": senders}), flush=True)
@@ -91,7 +84,7 @@ async def one_call(url: str, index: int) -> dict[str, Any]:
         await client.wait_channel_open()
         await client.wait_state("listening", 20)
         mark("channel")
-        await _wait_video(client, 5, 20)
+        await wait_for_video(client, 5, 20)
         mark("video")
         first_audio = len(client.received.audio)
         if index % 2:

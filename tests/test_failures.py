@@ -130,6 +130,31 @@ async def _next_turn_works(client: CallClient, server: LiveServer) -> None:
     assert client.session_id in server.manager.sessions
 
 
+async def _failing_turn(
+    client: CallClient, text: str, code: str
+) -> tuple[Heard, dict[str, float | int | str]]:
+    """Type ``text``; the provider fails: the ``code`` error event comes, then the turn ends
+    (with its metrics) once what was heard and the apology played. What was heard, and the
+    record's figures."""
+    start = len(client.received.audio)
+    sent = time.monotonic()
+    client.channel.send(json.dumps({"type": "text", "text": text}))
+    error = await client.wait_event(lambda e: e.get("type") == "error", 15)
+    error_s = time.monotonic() - sent
+    assert error["code"] == code, error
+    await client.wait_event(lambda e: e.get("type") == "turn", 20)
+    await client.wait_state("listening", 15)
+    await _settled_audio()
+    got = heard(client, start)
+    figures: dict[str, float | int | str] = {
+        "error": code,
+        "error_after_s": round(error_s, 2),
+        "heard_reply_s": round(got.tone_s, 2),
+        "heard_apology_s": round(got.voice_s, 2),
+    }
+    return got, figures
+
+
 LLM_NOTE = (
     "first sentence heard, error event, apology in the local voice; "
     f"read timeout {READ_TIMEOUT_S:.0f} s here (15 s by default)"
@@ -166,28 +191,13 @@ async def test_llm_failing_mid_reply(
         for fault, (reply, code) in LLM_FAULTS.items():
             with trials(fault, area="provider", note=LLM_NOTE) as t, t.trial():
                 vendor.script(CHAT, reply(first))
-                start, events = len(client.received.audio), len(client.events)
-                sent = time.monotonic()
-                client.channel.send(json.dumps({"type": "text", "text": "tell me two things"}))
-                error = await client.wait_event(lambda e: e.get("type") == "error", 15)
-                error_s = time.monotonic() - sent
-                assert error["code"] == code, error
-                # The turn ends (with its metrics) once the first sentence and the apology played.
-                await client.wait_event(lambda e: e.get("type") == "turn", 20)
-                await client.wait_state("listening", 15)
-                await _settled_audio()
+                events = len(client.events)
+                got, t.figures = await _failing_turn(client, "tell me two things", code)
                 said = [e["text"] for e in client.events[events:] if e.get("type") == "response"]
                 assert said == [FIRST.strip()], said
-                got = heard(client, start)
                 assert got.tone_s >= 0.7, f"{fault}: the first sentence was not heard ({got})"
                 assert got.voice_s >= 0.8, f"{fault}: no apology in the local voice ({got})"
                 assert client.session_id in server.manager.sessions
-                t.figures = {
-                    "error": code,
-                    "error_after_s": round(error_s, 2),
-                    "heard_reply_s": round(got.tone_s, 2),
-                    "heard_apology_s": round(got.voice_s, 2),
-                }
         await _next_turn_works(client, server)
     finally:
         await client.close()
@@ -223,26 +233,11 @@ async def test_tts_failing_mid_sentence(
         for fault, (reply, code) in TTS_FAULTS.items():
             with trials(fault, area="provider", note=TTS_NOTE) as t, t.trial():
                 vendor.script(ELEVENLABS, reply)
-                start = len(client.received.audio)
-                sent = time.monotonic()
-                client.channel.send(json.dumps({"type": "text", "text": "hello"}))
-                error = await client.wait_event(lambda e: e.get("type") == "error", 15)
-                error_s = time.monotonic() - sent
-                assert error["code"] == code, error
-                await client.wait_event(lambda e: e.get("type") == "turn", 20)
-                await client.wait_state("listening", 15)
-                await _settled_audio()
-                got = heard(client, start)
+                got, t.figures = await _failing_turn(client, "hello", code)
                 # The 0.3 s that came before the failure were played, then the apology.
                 assert got.tone_s >= 0.2, f"{fault}: the sentence's start was not heard ({got})"
                 assert got.tone_s <= 0.5, f"{fault}: more tone than was sent ({got})"
                 assert got.voice_s >= 0.8, f"{fault}: no apology in the local voice ({got})"
-                t.figures = {
-                    "error": code,
-                    "error_after_s": round(error_s, 2),
-                    "heard_reply_s": round(got.tone_s, 2),
-                    "heard_apology_s": round(got.voice_s, 2),
-                }
         await _next_turn_works(client, server)
     finally:
         await client.close()

@@ -1094,10 +1094,11 @@ async def still_speaks(caller: CallClient) -> None:
     frames = len(caller.received.video)
     mark = len(caller.events)
     caller.channel.send(json.dumps({"type": "say", "text": "Still here after all that."}))
-    deadline = time.monotonic() + 20
-    while {"type": "state", "state": "speaking"} not in caller.events[mark:]:
-        assert time.monotonic() < deadline, f"no speaking state: {caller.events[mark:]}"
-        await asyncio.sleep(0.05)
+    await wait_until(
+        lambda: {"type": "state", "state": "speaking"} in caller.events[mark:],
+        20.0,
+        lambda: f"no speaking state: {caller.events[mark:]}",
+    )
     assert caller.pc.connectionState == "connected"
     await asyncio.sleep(1.0)
     assert len(caller.received.video) >= frames + 10, "video stopped"

@@ -35,10 +35,10 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import av
 import numpy as np
@@ -147,6 +147,17 @@ def _payload_types(sdp: str) -> dict[str, set[int]]:
         if match and kind in ("audio", "video"):
             out["rtx" if match.group(2).lower() == "rtx" else kind].add(int(match.group(1)))
     return out
+
+
+class Window(NamedTuple):
+    """An impaired stretch of a call, measured."""
+
+    start: float
+    end: float
+    fps: float
+    undecoded: int
+    audio: AudioCheck
+    offsets: np.ndarray
 
 
 class NetCaller(CallClient):
@@ -269,6 +280,33 @@ class NetCall:
         await holds_within(lambda: not self.relay.in_flight, 2.0)
         await asyncio.sleep(0.2)
         self.assert_only_path()
+
+    async def impaired(
+        self,
+        both_ways: Impairment,
+        seconds: float = 8.0,
+        during: Callable[[], Awaitable[None]] | None = None,
+    ) -> Window:
+        """Impair the link both ways for ``seconds`` (running ``during`` meanwhile), lift it,
+        check the call survived and the path, and measure the impaired window."""
+        start = time.monotonic()
+        self.relay.impair(up=both_ways, down=both_ways)
+        if during is not None:
+            await during()
+        await asyncio.sleep(max(0.0, start + seconds - time.monotonic()))
+        end = time.monotonic()
+        self.relay.impair()
+        await asyncio.sleep(1.0)
+        assert self.alive()
+        await self.cut_and_count()
+        return Window(
+            start,
+            end,
+            self.fps(start + 0.5, end),
+            self.undecoded_video_frames(start, end),
+            self.audio_check(start, end),
+            self.av_offsets_ms(start, end),
+        )
 
     # -- measurements ----------------------------------------------------------------------
 
@@ -485,22 +523,12 @@ async def test_five_percent_loss_both_ways(net_call: NetCall) -> None:
         ),
     ) as t:
         call, relay = net_call, net_call.relay
-        start = time.monotonic()
-        relay.impair(up=Impairment(loss=0.05), down=Impairment(loss=0.05))
         # The events channel works through the loss (SCTP retransmits).
-        await _error_event_roundtrip(call.client, timeout=5)
-        await asyncio.sleep(max(0.0, start + 8.0 - time.monotonic()))
-        end = time.monotonic()
-        relay.impair()
-        await asyncio.sleep(1.0)
-        assert call.alive()
-        await call.cut_and_count()
-
-        fps = call.fps(start + 0.5, end)
+        w = await call.impaired(
+            Impairment(loss=0.05), during=lambda: _error_event_roundtrip(call.client, timeout=5)
+        )
+        start, end, fps, undecoded, audio, offsets = w
         recoveries = call.video_loss_recoveries_ms(start, end)
-        undecoded = call.undecoded_video_frames(start, end)
-        audio = call.audio_check(start, end)
-        offsets = call.av_offsets_ms(start, end)
         print(
             f"loss: fps {fps:.1f}; {len(recoveries)} video packets lost, back after "
             f"{sorted(round(r) for r in recoveries)} ms; {undecoded} frames never decoded, "
@@ -540,19 +568,7 @@ async def test_jitter_of_100_ms_both_ways(net_call: NetCall) -> None:
         t.trial(),
     ):
         call, relay = net_call, net_call.relay
-        start = time.monotonic()
-        relay.impair(up=Impairment(jitter_ms=100), down=Impairment(jitter_ms=100))
-        await asyncio.sleep(8.0)
-        end = time.monotonic()
-        relay.impair()
-        await asyncio.sleep(1.0)
-        assert call.alive()
-        await call.cut_and_count()
-
-        fps = call.fps(start + 0.5, end)
-        undecoded = call.undecoded_video_frames(start, end)
-        audio = call.audio_check(start, end)
-        offsets = call.av_offsets_ms(start, end)
+        start, end, fps, undecoded, audio, offsets = await call.impaired(Impairment(jitter_ms=100))
         print(
             f"jitter: fps {fps:.1f}; {undecoded} frames never decoded, "
             f"{call.skipped_by_server(start, end)} skipped by the server; {audio}; "
