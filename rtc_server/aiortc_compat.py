@@ -14,18 +14,24 @@ gathers (:func:`restrict_host_addresses`), and aiortc's audio-level function
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import version
 from typing import Any
 
 import aioice.ice
+import av
 import numpy as np
 from aiortc import RTCRtpCodecParameters, RTCRtpReceiver, RTCRtpSender, RTCRtpTransceiver, rtp
+from aiortc.codecs import get_decoder
 from aiortc.codecs.base import Encoder
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcrtpsender import RTCEncodedFrame
 from av import AudioFrame
+
+logger = logging.getLogger(__name__)
 
 TESTED = {"aiortc": ("1.16",), "aioice": ("0.13",)}
 """Release series (major.minor) whose internals this module was written and tested against."""
@@ -52,6 +58,7 @@ AIORTC_AUDIO_LEVEL = rtp.compute_audio_level_dbov
 __all__ = [
     "audio_level_dbov",
     "check_versions",
+    "decode_on_loop",
     "negotiated_codec",
     "restrict_host_addresses",
     "stop_decoding",
@@ -76,6 +83,56 @@ def set_sender_encoder(sender: RTCRtpSender, encoder: Encoder) -> None:
 def set_receiver_jitter_buffer(transceiver: RTCRtpTransceiver, buffer: JitterBuffer) -> None:
     """Replace the jitter buffer of ``transceiver``'s receiver."""
     transceiver.receiver._RTCRtpReceiver__jitter_buffer = buffer  # type: ignore[attr-defined]
+
+
+class _DecodeOnLoop:
+    """Stands in for an ``RTCRtpReceiver``'s decoder queue (see :func:`decode_on_loop`)."""
+
+    def __init__(self, receiver: RTCRtpReceiver) -> None:
+        self._receiver = receiver
+        """Its track (and so the queue the frames go to) exists once the offer is applied."""
+        self._stopped = threading.Event()
+        self._decoder: Any = None
+        self._codec_name: str | None = None
+
+    def put(self, item: Any) -> None:
+        """aiortc's receiver hands over ``(codec, encoded_frame)``, on the event loop; None
+        when it stops."""
+        if item is None:
+            self._stopped.set()  # aiortc's idle decoder thread ends, and with it the track
+            return
+        codec, encoded_frame = item
+        if codec.name != self._codec_name:
+            self._decoder = get_decoder(codec)
+            self._codec_name = codec.name
+        try:
+            frames = self._decoder.decode(encoded_frame)
+        except av.FFmpegError as exc:
+            logger.warning("the caller's %s frame could not be decoded: %s", codec.name, exc)
+            return
+        track = self._receiver._track
+        assert track is not None, "a receiver receives only once its track exists"
+        for frame in frames:
+            track._queue.put_nowait(frame)
+
+    def get(self) -> None:
+        """aiortc's decoder thread waits here, idle, until the receiver stops."""
+        self._stopped.wait()
+
+
+def decode_on_loop(transceiver: RTCRtpTransceiver) -> None:
+    """Decode ``transceiver``'s incoming audio on the event loop, as its packets arrive.
+
+    aiortc hands every received frame to a decoder thread, which passes each decoded frame back
+    to the loop with ``run_coroutine_threadsafe`` (a task per 20 ms frame, two thread wake-ups);
+    decoding a 20 ms Opus frame costs less than that hand-off. Call it before the receiver
+    starts (before the answer is set): aiortc's decoder thread then only waits, idle, until
+    the receiver stops, when it ends the track as before.
+    """
+    if transceiver.kind != "audio":
+        raise ValueError("decode_on_loop is for audio receivers (video decodes off the loop)")
+    receiver = transceiver.receiver
+    receiver._RTCRtpReceiver__decoder_queue = _DecodeOnLoop(receiver)  # type: ignore[attr-defined]
 
 
 def negotiated_codec(transceiver: RTCRtpTransceiver) -> str | None:

@@ -149,6 +149,9 @@ async def test_low_latency_audio_replaces_the_receivers_jitter_buffer() -> None:
         low_latency_audio(audio)
         after = audio.receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
         assert after is not before and after._prefetch == 1
+        # And its frames are decoded on the loop (decode_on_loop's stand-in queue).
+        decoding = audio.receiver._RTCRtpReceiver__decoder_queue  # type: ignore[attr-defined]
+        assert type(decoding).__name__ == "_DecodeOnLoop"
         with pytest.raises(ValueError):
             low_latency_audio(video)
     finally:
@@ -225,3 +228,52 @@ def test_an_untested_aiortc_or_aioice_is_refused_with_what_to_install() -> None:
     with pytest.raises(ImportError, match=r"pip install 'aioice==0\.13\.\*'"):
         check_versions(lambda package: "1.16.2" if package == "aiortc" else "0.14.1")
     assert set(TESTED) == {"aiortc", "aioice"}
+
+
+def test_aiortc_still_decodes_through_the_queue_decode_on_loop_replaces() -> None:
+    """decode_on_loop swaps a receiver's decoder queue before receive() starts the thread:
+    aiortc must still pass that attribute to its thread, put (codec, frame) into it on the
+    loop, and put None into it to stop."""
+    import inspect
+
+    from aiortc import rtcrtpreceiver
+
+    receive = inspect.getsource(rtcrtpreceiver.RTCRtpReceiver.receive)
+    assert "self.__decoder_queue," in receive and "target=decoder_worker" in receive
+    handle = inspect.getsource(rtcrtpreceiver.RTCRtpReceiver._handle_rtp_packet)
+    assert "self.__decoder_queue.put((codec, encoded_frame))" in handle
+    stop = inspect.getsource(rtcrtpreceiver.RTCRtpReceiver._RTCRtpReceiver__stop_decoder)  # type: ignore[attr-defined]
+    assert "self.__decoder_queue.put(None)" in stop and ".join()" in stop
+    worker = inspect.getsource(rtcrtpreceiver.decoder_worker)
+    assert "input_q.get()" in worker and "output_q.put(None)" in worker
+
+
+async def test_decode_on_loop_decodes_as_frames_are_put_and_lets_the_thread_end() -> None:
+    import threading
+
+    from aiortc import RTCRtpCodecParameters
+    from aiortc.jitterbuffer import JitterFrame
+
+    from rtc_server.aiortc_compat import _DecodeOnLoop
+    from rtc_server.media.opus import ReplyOpusEncoder
+
+    class Receiver:  # what the stand-in reads of aiortc's receiver: its track's queue
+        class _track:  # noqa: N801
+            _queue: asyncio.Queue[object] = asyncio.Queue()
+
+    out = Receiver._track._queue
+    stand_in = _DecodeOnLoop(Receiver)  # type: ignore[arg-type]
+    codec = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48000, channels=2)
+    encoder = ReplyOpusEncoder()
+    tone = (8000 * np.sin(np.arange(960) * 2 * np.pi * 440 / 48_000)).astype(np.int16)
+    for i in range(3):
+        payload = encoder.encode_samples(tone, i * 960).payload
+        stand_in.put((codec, JitterFrame(payload, i * 960)))
+    frames = [out.get_nowait() for _ in range(3)]  # decoded at once, on this thread
+    assert all(isinstance(f, av.AudioFrame) and f.samples == 960 for f in frames)
+    assert np.abs(frames[-1].to_ndarray()).max() > 1000  # type: ignore[union-attr]
+    waiting = threading.Thread(target=stand_in.get)  # as aiortc's decoder thread waits
+    waiting.start()
+    stand_in.put(None)
+    waiting.join(timeout=5)
+    assert not waiting.is_alive()

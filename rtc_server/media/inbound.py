@@ -7,7 +7,7 @@ import numpy as np
 from aiortc import RTCRtpTransceiver
 from aiortc.jitterbuffer import JitterBuffer
 
-from rtc_server.aiortc_compat import set_receiver_jitter_buffer
+from rtc_server.aiortc_compat import decode_on_loop, set_receiver_jitter_buffer
 
 MIC_PREFETCH = 1
 """Packets aiortc waits for after an audio frame before releasing it (its default is 4)."""
@@ -23,6 +23,8 @@ def low_latency_audio(transceiver: RTCRtpTransceiver, prefetch: int = MIC_PREFET
     if transceiver.kind != "audio":
         raise ValueError("low_latency_audio is for audio receivers")
     set_receiver_jitter_buffer(transceiver, JitterBuffer(capacity=16, prefetch=prefetch))
+    # And decoded on the loop as it arrives, without a round trip through a decoder thread.
+    decode_on_loop(transceiver)
 
 
 class MicDownsampler:
