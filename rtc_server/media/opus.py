@@ -99,7 +99,9 @@ class ReplyOpusEncoder(Encoder):
         payloads = self._payloads(pcm, frame)
         if len(payloads) != 1:  # libopus codes each 20 ms frame as one packet, at once
             raise RuntimeError(f"libopus gave {len(payloads)} packets for one frame")
-        return EncodedAudio(payloads[0], pts, samples_level_dbov(pcm))
+        # A silent frame's level is -127 dBov: no need to sum its samples (most frames are).
+        level = -127 if self._silent_run else samples_level_dbov(pcm)
+        return EncodedAudio(payloads[0], pts, level)
 
     def _payloads(self, samples: np.ndarray, frame: Callable[[], av.AudioFrame]) -> list[bytes]:
         silent = not samples.any()
