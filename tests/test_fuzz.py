@@ -318,6 +318,13 @@ def assert_healthy(target: Target, log: ErrorLog) -> None:
     assert log.take() == []
 
 
+def left_clean(target: Target, log: ErrorLog) -> None:
+    """Healthy, no error logged, and no session or offer in progress left behind."""
+    assert_healthy(target, log)
+    assert not target.manager.sessions, "a session outlived its case"
+    assert target.manager._pending == 0
+
+
 # -- strategies: JSON, bodies and headers -----------------------------------------------------
 
 surrogates = st.characters(categories=["Cs"])
@@ -879,8 +886,7 @@ def fuzz_offer_body(servers: dict[str, Target], log: ErrorLog, examples: int) ->
                 finally:
                     if reply.status == 200:
                         tear_down(target, reply, request)
-                assert_healthy(target, log)
-                assert not target.manager.sessions and target.manager._pending == 0
+                left_clean(target, log)
 
         case()
         finish(servers, log)
@@ -901,9 +907,7 @@ def summary(seen: Counter[tuple[int, str | None]], **figures: float | int | str)
 
 def finish(servers: dict[str, Target], log: ErrorLog) -> None:
     for target in servers.values():
-        assert not target.manager.sessions, "a session outlived the fuzzing"
-        assert target.manager._pending == 0
-        assert_healthy(target, log)
+        left_clean(target, log)
 
 
 def test_fuzz_offer_body(
@@ -1502,8 +1506,7 @@ def fuzz_sdp(servers: dict[str, Target], log: ErrorLog, examples: int) -> None:
                 finally:
                     if reply.status == 200:
                         tear_down(target, reply, None)
-                assert_healthy(target, log)
-                assert not target.manager.sessions and target.manager._pending == 0
+                left_clean(target, log)
 
         case()
         finish(servers, log)
