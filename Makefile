@@ -43,7 +43,7 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 lint-js: node_modules/.installed
-	npx --no-install eslint rtc_server/static
+	npx --no-install eslint static
 
 # Tests run in a network namespace holding only `lo` where that is allowed (root), so no packet
 # of any call can leave 127.0.0.1; elsewhere they run as they are, still bound to 127.0.0.1.

@@ -1,11 +1,11 @@
-// ESLint for the pages' scripts (rtc_server/static): `make lint` runs it.
+// ESLint for the pages' scripts (static): `make lint` runs it.
 import js from "@eslint/js";
 import globals from "globals";
 
 export default [
   js.configs.recommended,
   {
-    files: ["rtc_server/static/**/*.js"],
+    files: ["static/**/*.js"],
     languageOptions: {
       ecmaVersion: 2022,
       sourceType: "module",
@@ -20,7 +20,7 @@ export default [
   },
   {
     // Loaded with a plain <script> by other sites' pages: a classic script, not a module.
-    files: ["rtc_server/static/embed.js"],
+    files: ["static/embed.js"],
     languageOptions: { sourceType: "script" },
   },
 ];

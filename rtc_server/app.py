@@ -6,8 +6,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
-from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -33,6 +31,7 @@ from rtc_server.media.opus import ReplyOpusEncoder
 from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.memory import MemoryReleaser, limit_arenas
 from rtc_server.metrics import Metrics
+from rtc_server.pages import STATIC_DIR
 from rtc_server.providers.registry import Choice, load_providers
 from rtc_server.session import AvatarSession, ListenSettings, Providers
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
@@ -44,8 +43,6 @@ from signaling.messages import Answer, Offer, SayRequest
 from signaling.ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
-
-STATIC_DIR = Path(str(resources.files("rtc_server") / "static"))
 
 
 class SessionManager:

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import html
 import json
-from importlib import resources
-from pathlib import Path
 from string import Template
 
 from aiohttp import web
 
+from rtc_server.pages import TEMPLATES_DIR
 from signaling.access import AccessPolicy, origin_of
 from signaling.errors import SignalingError
 
-TEMPLATE = Path(str(resources.files("rtc_server") / "templates" / "embed.html"))
+TEMPLATE = TEMPLATES_DIR / "embed.html"
 THEMES = ("dark", "light")
 MAX_AVATAR_CHARS = 200
 TRUE = ("1", "true", "yes", "on")

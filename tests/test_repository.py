@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,3 +34,30 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
         for number, line in enumerate(text.splitlines(), 1):
             found += [f"{name}:{number}: {word}" for word in OUTSIDE if word in line]
     assert not found, "\n".join(found)
+
+
+def test_the_wheel_carries_the_pages_inside_the_package(tmp_path: Path) -> None:
+    """``static/`` and ``templates/`` sit at the top of the checkout; a wheel installs them as
+    ``rtc_server/static`` and ``rtc_server/templates``, where ``rtc_server.pages`` finds them."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("avatar_rtc-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for folder in ("static", "templates"):
+        expected = {f"rtc_server/{folder}/{p.name}" for p in (ROOT / folder).iterdir()}
+        assert expected and expected <= names, sorted(expected - names)
+    assert not any(n.startswith(("static/", "templates/")) for n in names)
