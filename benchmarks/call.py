@@ -29,7 +29,7 @@ SAYS = (
 
 async def _server(factory: EngineFactory | None = None) -> tuple[str, web.AppRunner, Any]:
     cache = Path(tempfile.gettempdir()) / "avatar-rtc-bench"
-    config = ServerConfig(cache_dir=cache, ice_addresses=("127.0.0.1",))
+    config = ServerConfig.of(cache_dir=cache, ice_addresses=("127.0.0.1",))
     factory = factory or load_engine_factory(config)
     app = create_app(config, engine_loader=lambda: factory)
     runner = web.AppRunner(app, access_log=None)

@@ -33,7 +33,7 @@ class Clip:
 
 def engine_factory(cache_dir: Path | None = None) -> EngineFactory:
     cache = cache_dir or Path(tempfile.gettempdir()) / "avatar-rtc-bench"
-    return load_engine_factory(ServerConfig(cache_dir=cache))
+    return load_engine_factory(ServerConfig.of(cache_dir=cache))
 
 
 async def render_clip(

@@ -36,11 +36,10 @@ from rtc_server.providers.registry import Choice, load_providers
 from rtc_server.session import AvatarSession, ListenSettings, Providers
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
 from rtc_server.vad import SileroModel, VADParams
-from signaling.access import AccessPolicy, TokenSigner, access_middleware
+from signaling.access import access_middleware
 from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
 from signaling.http import add_routes
 from signaling.messages import Answer, Offer, SayRequest
-from signaling.ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
 
@@ -62,21 +61,21 @@ class SessionManager:
         self.providers: Providers | None = None
         self.choices: tuple[Choice, ...] = ()
         self.settings = ListenSettings(
-            vad=VADParams(hangover_ms=config.vad_hangover_ms),
-            system_prompt=config.system_prompt or DEFAULT_SYSTEM_PROMPT,
-            barge_in=config.barge_in,
-            max_text_chars=config.max_say_chars,
+            vad=VADParams(hangover_ms=config.conversation.vad_hangover_ms),
+            system_prompt=config.conversation.system_prompt or DEFAULT_SYSTEM_PROMPT,
+            barge_in=config.conversation.barge_in,
+            max_text_chars=config.server.max_say_chars,
         )
         self.ice = IceServers.from_config(
-            config.ice_servers,
-            turn_urls=config.turn_urls,
-            turn_secret=config.turn_secret,
-            turn_ttl_s=config.turn_ttl_s,
+            config.media.ice_servers,
+            turn_urls=config.media.turn_urls,
+            turn_secret=config.media.turn_secret,
+            turn_ttl_s=config.media.turn_ttl_s,
         )
         self.draining = False
         """Set on SIGTERM: no new calls, running ones go on until the drain timeout."""
         self.headroom = Headroom(
-            HeadroomSettings(cpu_limit=config.cpu_limit or Headroom.default_cpu_limit())
+            HeadroomSettings(cpu_limit=config.server.cpu_limit or Headroom.default_cpu_limit())
         )
         """What this process measures of its own load; refuses calls it has no room for."""
         self._ended_speech = (0, 0)
@@ -120,18 +119,20 @@ class SessionManager:
             raise SignalingError(
                 400, "unknown_avatar", "this server has one avatar; leave 'avatar' out"
             )
-        if len(self.sessions) + self._pending >= self.config.max_sessions:
+        if len(self.sessions) + self._pending >= self.config.server.max_sessions:
             raise SignalingError(
                 503,
                 "at_capacity",
-                f"the server is at its limit of {self.config.max_sessions} calls",
+                f"the server is at its limit of {self.config.server.max_sessions} calls",
                 headers={"Retry-After": "5"},
             )
         self.headroom.calls = len(self.sessions) + self._pending
         # Engines that hold frames predict a new call's only where the calls share the
         # engine (MuseTalk batches every call on one GPU); a CPU engine is one per call.
         shared = self.engine_factory.name == "musetalk"
-        refusal = self.headroom.refusal(engine_shared=shared) if self.config.headroom else None
+        refusal = (
+            self.headroom.refusal(engine_shared=shared) if self.config.server.headroom else None
+        )
         if refusal is not None:
             self.metrics.calls_refused.labels("headroom").inc()
             logger.warning("call refused: %s", refusal.reason)
@@ -161,13 +162,13 @@ class SessionManager:
             metrics=self.metrics,
             executor=self.executor,
             on_closed=self._forget,
-            connect_timeout_s=self.config.connect_timeout_s,
-            max_call_s=self.config.max_call_s,
-            idle_timeout_s=self.config.idle_timeout_s or None,
+            connect_timeout_s=self.config.server.connect_timeout_s,
+            max_call_s=self.config.server.max_call_s,
+            idle_timeout_s=self.config.server.idle_timeout_s or None,
             # The sync-test engine stands in for a speaking avatar: a deployment check must
             # see the stream a talking face sends, every frame.
             still_repeat_s=(
-                0.0 if self.engine_factory.name == "sync-test" else self.config.still_repeat_s
+                0.0 if self.engine_factory.name == "sync-test" else self.config.media.still_repeat_s
             ),
         )
         if self.engine_factory.notice:
@@ -211,7 +212,7 @@ class SessionManager:
         self.metrics.calls_answered.inc()
         session.start()
         logger.info("session %s answered (%s)", session.id[:8], negotiated)
-        sdp = announce_address(pc.localDescription.sdp, self.config.public_address)
+        sdp = announce_address(pc.localDescription.sdp, self.config.media.public_address)
         return Answer(sdp=sdp, session_id=session.id)
 
     async def _forget(self, session: AvatarSession) -> None:
@@ -291,19 +292,9 @@ def create_app(
 ) -> web.Application:
     """Build the application; models load in the background and /readyz says when they are in."""
     use_fast_audio_level()
-    restrict_host_addresses(config.ice_addresses)
+    restrict_host_addresses(config.media.ice_addresses)
     limit_arenas()
-    access = AccessPolicy(
-        frozenset(config.allowed_origins),
-        TokenSigner(config.api_key) if config.api_key else None,
-        (
-            RateLimiter(
-                config.rate_limit_per_min / 60, burst=max(1, config.rate_limit_per_min // 3)
-            )
-            if config.rate_limit_per_min
-            else None
-        ),
-    )
+    access = config.access.build_policy()
     app = web.Application(
         middlewares=[error_middleware, access_middleware(access)], client_max_size=MAX_BODY_BYTES
     )
@@ -334,7 +325,7 @@ def create_app(
         executor.shutdown(wait=True, cancel_futures=True)
 
     app.cleanup_ctx.append(lifecycle)
-    add_routes(app, manager, access, max_say_chars=config.max_say_chars)
+    add_routes(app, manager, access, max_say_chars=config.server.max_say_chars)
     add_embed_route(app, access)
 
     async def index(request: web.Request) -> web.FileResponse:

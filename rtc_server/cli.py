@@ -120,7 +120,7 @@ def prepare(config: ServerConfig) -> EngineFactory:
     from rtc_server.engine_factory import load_engine_factory
     from rtc_server.ice import IceServers
 
-    IceServers.from_config(config.ice_servers)  # a malformed --ice-server stops here
+    IceServers.from_config(config.media.ice_servers)  # a malformed --ice-server stops here
     # Prepared here, before serving, so a bad portrait stops start-up with its reason.
     return load_engine_factory(config)
 
@@ -141,14 +141,14 @@ def _serve_alone(config: ServerConfig) -> int:
     quiet_telemetry()
     app = create_app(config, engine_loader=lambda: factory)
     scheme = "https" if ssl_context else "http"
-    url = f"{scheme}://{config.host}:{config.port}"
+    url = f"{scheme}://{config.server.host}:{config.server.port}"
     # SIGTERM drains: no new calls, running ones go on up to --drain-timeout-s, then exit 0.
     asyncio.run(
         serve(
             app,
-            host=config.host,
-            port=config.port,
-            drain_timeout_s=config.drain_timeout_s,
+            host=config.server.host,
+            port=config.server.port,
+            drain_timeout_s=config.server.drain_timeout_s,
             ssl_context=ssl_context,
             on_started=lambda: print(f"avatar-rtc: serving on {url}", flush=True),
         )
@@ -157,10 +157,10 @@ def _serve_alone(config: ServerConfig) -> int:
 
 
 def server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
-    if config.cert_file is None or config.key_file is None:
+    if config.server.cert_file is None or config.server.key_file is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.cert_file, config.key_file)
+    context.load_cert_chain(config.server.cert_file, config.server.key_file)
     return context
 
 
@@ -196,7 +196,7 @@ def _prepare_musetalk(args: argparse.Namespace) -> int:
     from musetalk_core.weights import WeightsError, check_layout
     from rtc_server.engine_factory import weights_dir
 
-    config = ServerConfig(weights_dir=args.weights_dir, musetalk_device=args.musetalk_device)
+    config = ServerConfig.of(weights_dir=args.weights_dir, musetalk_device=args.musetalk_device)
     folder = weights_dir(config)
     try:
         check_layout(folder)
@@ -270,7 +270,7 @@ def _doctor() -> int:
     print("H.264 encoder (libx264):", "yes" if has_x264 else "NO: VP8 only")
     from rtc_server.providers.registry import choose
 
-    config = ServerConfig(
+    config = ServerConfig.of(
         weights_dir=Path(os.environ["AVATAR_RTC_WEIGHTS_DIR"])
         if os.environ.get("AVATAR_RTC_WEIGHTS_DIR")
         else None,

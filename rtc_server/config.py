@@ -1,13 +1,25 @@
-"""Server configuration: one frozen object, validated once."""
+"""Server configuration: one frozen object in five sections, each validated once.
+
+:class:`ServerConfig` holds a :class:`ServerSettings` (``config.server``: the HTTP server and
+its limits), :class:`AccessSettings` (``access``: who may call), :class:`MediaSettings`
+(``media``: how media reaches the caller), :class:`EngineSettings` (``engine``: the avatar and
+its lip-sync engine) and :class:`ConversationSettings` (``conversation``: speech in and out).
+The sections are the option groups of ``avatar-rtc serve`` (``rtc_server/options.py``).
+Every field name is unique across the sections, so :meth:`ServerConfig.of` and
+:meth:`ServerConfig.replace` take fields by their plain names.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from musetalk_core.types import AvatarRtcError
-from signaling.access import ORIGIN
+from signaling.access import ORIGIN, AccessPolicy, TokenSigner
+from signaling.ratelimit import RateLimiter
 
 ENGINES = ("auto", "musetalk", "warp", "sync-test")
 STTS = ("auto", "local", "openai")
@@ -24,50 +36,78 @@ def default_cache_dir() -> Path:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ServerConfig:
+class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8080
-    avatar: Path | None = None
-    """Portrait image or video; None for the built-in avatar."""
-    engine: str = "auto"
-    weights_dir: Path | None = None
-    """MuseTalk weights (layout in musetalk_core.weights); None: the default cache folder."""
-    musetalk_device: str = "auto"
-    """auto (CUDA when present), cuda, cuda:N or cpu."""
-    musetalk_batch: int = 16
-    """Largest MuseTalk batch, shared by all calls."""
-    musetalk_compile: bool = False
-    """torch.compile the UNet and VAE decoder (slow start, faster steady state on CUDA)."""
-    ice_addresses: tuple[str, ...] = ()
-    """Host addresses ICE may gather; empty means every interface."""
-    ice_servers: tuple[str, ...] = ()
-    """STUN/TURN URLs (turn:user:password@host:port); none by default, nothing leaves the host."""
     max_sessions: int = 8
     headroom: bool = True
     """Refuse a new call (503 at_capacity) when this process has no headroom left for it:
     event-loop lag, CPU plus the measured cost of a call, engines not keeping up."""
     cpu_limit: float | None = None
     """Cores this process may use for calls; None: 90 % of its share of the machine."""
-    still_repeat_s: float = 0.25
-    """While the avatar is idle and its picture does not change, a video frame goes out only
-    this often (0: every frame, 25 fps always)."""
-    piper_deterministic: bool = False
-    """The local voice without its sampled variation: the same text always gives the same
-    audio (tests and benchmarks compare a reply with the same sentence alone)."""
     connect_timeout_s: float = 30.0
     cache_dir: Path = field(default_factory=default_cache_dir)
     cert_file: Path | None = None
     key_file: Path | None = None
-    allowed_origins: tuple[str, ...] = ()
-    """Browser origins besides the server's own that may call the API ("*": any)."""
-    api_key: str | None = field(default=None, repr=False)
-    rate_limit_per_min: int = 60
-    """/offer and /token requests per client address and minute, in bursts of up to a third
-    of that (0: no limit)."""
     idle_timeout_s: float = 300.0
     """A call with no caller speech, typed text or say for this long is closed (0: never)."""
     max_say_chars: int = 2000
     """Longest text of a say or a typed turn, over HTTP or the data channel."""
+    log_format: str = "text"
+    """"text", or "json": one JSON object a line (rtc_server/logs.py)."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM, how long running calls may go on before they are closed."""
+    max_call_s: float = 3600.0
+    """A call is closed after this long."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port must be 1..65535, not {self.port}")
+        if self.max_call_s <= 0:
+            raise ConfigError("max_call_s must be > 0")
+        if self.max_sessions < 1:
+            raise ConfigError("max_sessions must be at least 1")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ConfigError("--cert-file and --key-file go together")
+        if self.idle_timeout_s < 0 or self.drain_timeout_s < 0:
+            raise ConfigError("idle_timeout_s and drain_timeout_s must be >= 0")
+        if self.max_say_chars < 1:
+            raise ConfigError("max_say_chars must be at least 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AccessSettings:
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins besides the server's own that may call the API ("*": any)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Turns token auth on: /offer then needs a token minted by POST /token."""
+    rate_limit_per_min: int = 60
+    """/offer and /token requests per client address and minute, in bursts of up to a third
+    of that (0: no limit)."""
+
+    def __post_init__(self) -> None:
+        if self.rate_limit_per_min < 0:
+            raise ConfigError("rate_limit_per_min must be >= 0")
+        for origin in self.allowed_origins:
+            if origin != "*" and not ORIGIN.fullmatch(origin):
+                raise ConfigError(
+                    f"--allowed-origin must be scheme://host[:port] (no path), not {origin!r}"
+                )
+
+    def build_policy(self) -> AccessPolicy:
+        """A new policy of these settings (its rate limiter starts empty)."""
+        per_min = self.rate_limit_per_min
+        limiter = RateLimiter(per_min / 60, burst=max(1, per_min // 3)) if per_min else None
+        signer = TokenSigner(self.api_key) if self.api_key else None
+        return AccessPolicy(frozenset(self.allowed_origins), signer, limiter)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MediaSettings:
+    ice_addresses: tuple[str, ...] = ()
+    """Host addresses ICE may gather; empty means every interface."""
+    ice_servers: tuple[str, ...] = ()
+    """STUN/TURN URLs (turn:user:password@host:port); none by default, nothing leaves the host."""
     turn_secret: str | None = field(default=None, repr=False)
     """coturn's static-auth-secret: time-limited TURN credentials are minted from it."""
     turn_urls: tuple[str, ...] = ()
@@ -76,13 +116,53 @@ class ServerConfig:
     """How long minted TURN credentials stay valid."""
     public_address: str | None = None
     """NAT 1:1: the address announced in host candidates instead of the gathered one."""
-    log_format: str = "text"
-    """"text", or "json": one JSON object a line (rtc_server/logs.py)."""
-    drain_timeout_s: float = 30.0
-    """On SIGTERM, how long running calls may go on before they are closed."""
-    max_call_s: float = 3600.0
-    """A call is closed after this long."""
-    """Turns token auth on: /offer then needs a token minted by POST /token."""
+    still_repeat_s: float = 0.25
+    """While the avatar is idle and its picture does not change, a video frame goes out only
+    this often (0: every frame, 25 fps always)."""
+
+    def __post_init__(self) -> None:
+        if bool(self.turn_secret) != bool(self.turn_urls):
+            raise ConfigError("--turn-secret and --turn-url go together")
+        for url in self.turn_urls:
+            if not url.startswith(("turn:", "turns:")) or "@" in url:
+                raise ConfigError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
+        if not 60 <= self.turn_ttl_s <= 7 * 86400:
+            raise ConfigError("turn_ttl_s must be 60 s .. 7 days")
+        if self.public_address is not None:
+            try:
+                public = ipaddress.ip_address(self.public_address)
+            except ValueError:
+                raise ConfigError(
+                    f"--public-address must be an IP address, not {self.public_address!r}"
+                ) from None
+            if public.is_unspecified:
+                raise ConfigError("--public-address cannot be the unspecified address")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSettings:
+    name: str = "auto"
+    """The lip-sync engine (--engine): one of ENGINES."""
+    avatar: Path | None = None
+    """Portrait image or video; None for the built-in avatar."""
+    weights_dir: Path | None = None
+    """MuseTalk weights (layout in musetalk_core.weights); None: the default cache folder."""
+    musetalk_device: str = "auto"
+    """auto (CUDA when present), cuda, cuda:N or cpu."""
+    musetalk_batch: int = 16
+    """Largest MuseTalk batch, shared by all calls."""
+    musetalk_compile: bool = False
+    """torch.compile the UNet and VAE decoder (slow start, faster steady state on CUDA)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {self.name!r}")
+        if not 1 <= self.musetalk_batch <= 256:
+            raise ConfigError("--musetalk-batch must be 1..256")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationSettings:
     stt: str = "auto"
     llm: str = "auto"
     tts: str = "auto"
@@ -98,6 +178,9 @@ class ServerConfig:
     """None: the built-in short-answer prompt."""
     openai_tts_voice: str = "alloy"
     elevenlabs_voice: str | None = None
+    piper_deterministic: bool = False
+    """The local voice without its sampled variation: the same text always gives the same
+    audio (tests and benchmarks compare a reply with the same sentence alone)."""
     provider_attempts: int = 3
     """Tries per cloud request when the error is retryable (429, 5xx, timeouts)."""
     provider_backoff_s: float = 0.25
@@ -130,40 +213,48 @@ class ServerConfig:
             raise ConfigError("max_tokens must be at least 1")
         if self.vad_hangover_ms < 100:
             raise ConfigError("vad_hangover_ms below 100 ms would cut callers off mid-sentence")
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
-        if not 1 <= self.musetalk_batch <= 256:
-            raise ConfigError("--musetalk-batch must be 1..256")
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"port must be 1..65535, not {self.port}")
-        if self.max_call_s <= 0 or self.rate_limit_per_min < 0:
-            raise ConfigError("max_call_s must be > 0 and rate_limit_per_min >= 0")
-        if self.max_sessions < 1:
-            raise ConfigError("max_sessions must be at least 1")
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ConfigError("--cert-file and --key-file go together")
-        for origin in self.allowed_origins:
-            if origin != "*" and not ORIGIN.fullmatch(origin):
-                raise ConfigError(
-                    f"--allowed-origin must be scheme://host[:port] (no path), not {origin!r}"
-                )
-        if self.idle_timeout_s < 0 or self.drain_timeout_s < 0:
-            raise ConfigError("idle_timeout_s and drain_timeout_s must be >= 0")
-        if self.max_say_chars < 1:
-            raise ConfigError("max_say_chars must be at least 1")
-        if bool(self.turn_secret) != bool(self.turn_urls):
-            raise ConfigError("--turn-secret and --turn-url go together")
-        for url in self.turn_urls:
-            if not url.startswith(("turn:", "turns:")) or "@" in url:
-                raise ConfigError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
-        if not 60 <= self.turn_ttl_s <= 7 * 86400:
-            raise ConfigError("turn_ttl_s must be 60 s .. 7 days")
-        if self.public_address is not None:
-            try:
-                public = ipaddress.ip_address(self.public_address)
-            except ValueError:
-                raise ConfigError(
-                    f"--public-address must be an IP address, not {self.public_address!r}"
-                ) from None
-            if public.is_unspecified:
-                raise ConfigError("--public-address cannot be the unspecified address")
+
+
+SECTIONS: dict[str, type] = {
+    "server": ServerSettings,
+    "access": AccessSettings,
+    "media": MediaSettings,
+    "engine": EngineSettings,
+    "conversation": ConversationSettings,
+}
+SECTION_OF: dict[str, str] = {
+    f.name: section for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+}
+if len(SECTION_OF) != sum(len(dataclasses.fields(c)) for c in SECTIONS.values()):
+    raise AssertionError("a field name is in two sections of ServerConfig")
+
+
+def _by_section(fields: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    grouped: dict[str, dict[str, Any]] = {}
+    for name, value in fields.items():
+        if name not in SECTION_OF:
+            raise TypeError(f"ServerConfig has no field {name!r}")
+        grouped.setdefault(SECTION_OF[name], {})[name] = value
+    return grouped
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    access: AccessSettings = field(default_factory=AccessSettings)
+    media: MediaSettings = field(default_factory=MediaSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    conversation: ConversationSettings = field(default_factory=ConversationSettings)
+
+    @classmethod
+    def of(cls, **fields: Any) -> ServerConfig:
+        """The defaults with these changes: fields named plainly (``port=0``,
+        ``barge_in=False``) or whole sections (``engine=EngineSettings(name="warp")``)."""
+        return cls().replace(**fields)
+
+    def replace(self, **fields: Any) -> ServerConfig:
+        """This config with these changes (as :meth:`of`), each section validated again."""
+        sections = {name: fields.pop(name) for name in SECTIONS if name in fields}
+        for name, values in _by_section(fields).items():
+            sections[name] = dataclasses.replace(sections.get(name, getattr(self, name)), **values)
+        return dataclasses.replace(self, **sections)

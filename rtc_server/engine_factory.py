@@ -40,7 +40,7 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
 
     Raises ``musetalk_core.warp_avatar.AvatarError`` with a readable message for a bad portrait.
     """
-    if config.engine == "sync-test":
+    if config.engine.name == "sync-test":
         from musetalk_core.synctest import SyncTestEngine
 
         logger.info("lip-sync engine: sync-test (asked for: flash and beep once a second)")
@@ -52,10 +52,12 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
     from musetalk_core.warp import WarpEngine
     from musetalk_core.warp_avatar import builtin_portrait, load_portrait, prepare_avatar
 
-    image = builtin_portrait() if config.avatar is None else load_portrait(config.avatar)
-    avatar = prepare_avatar(image, cache_dir=config.cache_dir / "avatars")
+    image = (
+        builtin_portrait() if config.engine.avatar is None else load_portrait(config.engine.avatar)
+    )
+    avatar = prepare_avatar(image, cache_dir=config.server.cache_dir / "avatars")
     notice = None
-    if config.engine == "warp":
+    if config.engine.name == "warp":
         reason = "engine 'warp' requested"
     else:
         use, reason = musetalk_choice(config)
@@ -82,7 +84,9 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
 def weights_dir(config: ServerConfig) -> Path:
     from musetalk_core.weights import DEFAULT_WEIGHTS_DIR
 
-    return config.weights_dir if config.weights_dir is not None else DEFAULT_WEIGHTS_DIR
+    return (
+        config.engine.weights_dir if config.engine.weights_dir is not None else DEFAULT_WEIGHTS_DIR
+    )
 
 
 def musetalk_choice(config: ServerConfig) -> tuple[bool, str]:
@@ -91,7 +95,7 @@ def musetalk_choice(config: ServerConfig) -> tuple[bool, str]:
 
     folder = weights_dir(config)
     missing = [m for m in ("torch", "diffusers", "transformers") if not importlib.util.find_spec(m)]
-    if config.engine == "musetalk":
+    if config.engine.name == "musetalk":
         if missing:
             libs = ", ".join(missing)
             return False, f"MuseTalk asked for, but {libs} not installed; using 'warp'"
@@ -106,7 +110,7 @@ def musetalk_choice(config: ServerConfig) -> tuple[bool, str]:
         return False, f"auto: {exc}; using the CPU 'warp' renderer"
     import torch
 
-    if config.musetalk_device == "cpu" or not torch.cuda.is_available():
+    if config.engine.musetalk_device == "cpu" or not torch.cuda.is_available():
         return False, (
             "auto: no CUDA device (MuseTalk on CPU is about 0.3 fps), using the CPU 'warp' renderer"
         )
@@ -124,13 +128,15 @@ def _load_musetalk(
 
     loaded = load_musetalk(
         weights_dir(config),
-        config.avatar if config.avatar is not None else _builtin_source(),
-        cache_dir=config.cache_dir / "musetalk-avatars",
-        device=config.musetalk_device,
-        compile_models=config.musetalk_compile,
+        config.engine.avatar if config.engine.avatar is not None else _builtin_source(),
+        cache_dir=config.server.cache_dir / "musetalk-avatars",
+        device=config.engine.musetalk_device,
+        compile_models=config.engine.musetalk_compile,
     )
     placement = loaded.placement
-    runtime = loaded.runtime(fps=VIDEO_FPS, sample_rate=AUDIO_RATE, max_batch=config.musetalk_batch)
+    runtime = loaded.runtime(
+        fps=VIDEO_FPS, sample_rate=AUDIO_RATE, max_batch=config.engine.musetalk_batch
+    )
     warm_ms = runtime.warm_up()
     logger.info("lip-sync engine: musetalk on %s (%s); warm-up %.0f ms", placement, reason, warm_ms)
 

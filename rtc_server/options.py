@@ -19,6 +19,7 @@ from typing import Any
 from rtc_server.config import (
     ENGINES,
     LLMS,
+    SECTIONS,
     STTS,
     TTSS,
     ConfigError,
@@ -43,7 +44,7 @@ class Kind(enum.Enum):
 GROUPS = {
     "server": "the HTTP server and its processes",
     "access": "who may call",
-    "network": "how media reaches the caller",
+    "media": "how media reaches the caller",
     "engine": "the avatar and its lip-sync engine",
     "conversation": "speech in and out; keys come from OPENAI_API_KEY, OPENAI_BASE_URL and "
     "ELEVENLABS_API_KEY",
@@ -61,8 +62,8 @@ class Option:
     kind: Kind = Kind.VALUE
     choices: tuple[str, ...] | None = None
     field: str | None = None
-    """The ServerConfig field it fills (default: the flag with underscores; a LIST's field is
-    its plural, given here)."""
+    """The field it fills in its group's section of ServerConfig (default: the flag with
+    underscores; a LIST's field is its plural, given here)."""
     to_config: Callable[[Any], Any] | None = None
     """How the parsed value becomes the field's (default: as it is)."""
     in_config: bool = True
@@ -177,40 +178,42 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "ice-address",
-        "network",
+        "media",
         "host address ICE may use (repeatable; unset: all interfaces)",
         kind=Kind.LIST,
         field="ice_addresses",
     ),
     Option(
         "ice-server",
-        "network",
+        "media",
         "STUN/TURN server, stun:host:port or turn:user:password@host:port (repeatable)",
         kind=Kind.LIST,
         field="ice_servers",
     ),
     Option(
         "turn-secret",
-        "network",
+        "media",
         "coturn's static-auth-secret: mint time-limited TURN credentials for --turn-url",
         to_config=_or_none,
     ),
     Option(
         "turn-url",
-        "network",
+        "media",
         "TURN server for minted credentials, turn:host:3478?transport=udp (repeatable)",
         kind=Kind.LIST,
         field="turn_urls",
     ),
-    Option("turn-ttl-s", "network", "how long minted TURN credentials stay valid", int, 3600),
+    Option("turn-ttl-s", "media", "how long minted TURN credentials stay valid", int, 3600),
     Option(
         "public-address",
-        "network",
+        "media",
         "NAT 1:1: IP announced in host candidates instead of the local one (ports kept)",
         to_config=_or_none,
     ),
     Option("avatar", "engine", "portrait image or video (unset: the built-in avatar)", Path, None),
-    Option("engine", "engine", "the lip-sync engine", default="auto", choices=ENGINES),
+    Option(
+        "engine", "engine", "the lip-sync engine", default="auto", choices=ENGINES, field="name"
+    ),
     Option(
         "weights-dir",
         "engine",
@@ -327,8 +330,9 @@ def add_options(
 
 
 def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
-    """The server's config from parsed ``serve`` flags; the provider keys from the environment."""
-    values: dict[str, Any] = {}
+    """The server's config from parsed ``serve`` flags; the provider keys from the environment.
+    Each option fills its field in the section its group names."""
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for o in SERVE_OPTIONS:
         if not o.in_config:
             continue
@@ -337,14 +341,14 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
             value = tuple(value or env_default(o, environ))
         if o.to_config is not None:
             value = o.to_config(value)
-        values[o.field or o.dest] = value
-    return ServerConfig(
-        **values,
+        sections[o.group][o.field or o.dest] = value
+    sections["conversation"].update(
         openai_api_key=environ.get("OPENAI_API_KEY") or None,
         openai_base_url=environ.get("OPENAI_BASE_URL") or None,
         elevenlabs_api_key=environ.get("ELEVENLABS_API_KEY") or None,
         elevenlabs_base_url=environ.get("ELEVENLABS_BASE_URL") or None,
     )
+    return ServerConfig(**{name: SECTIONS[name](**values) for name, values in sections.items()})
 
 
 def _shown_default(o: Option) -> str:

@@ -32,7 +32,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_factory(cache_dir: Path) -> EngineFactory:
-    return load_engine_factory(ServerConfig(cache_dir=cache_dir))
+    return load_engine_factory(ServerConfig.of(cache_dir=cache_dir))
 
 
 @dataclass
@@ -51,7 +51,7 @@ async def start_server(
     # The same text always gives the same audio: what a test hears does not vary run to run.
     config.setdefault("piper_deterministic", True)
     config.setdefault("headroom", False)  # see AVATAR_RTC_NO_HEADROOM above
-    cfg = ServerConfig(cache_dir=cache_dir, ice_addresses=("127.0.0.1",), port=8080, **config)  # type: ignore[arg-type]
+    cfg = ServerConfig.of(cache_dir=cache_dir, ice_addresses=("127.0.0.1",), port=8080, **config)
     app = create_app(cfg, engine_loader=lambda: engine_factory)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -102,14 +102,14 @@ def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 
 
 def test_auto_picks_cloud_only_with_keys() -> None:
-    offline = [c.name for c in choose(ServerConfig())]
+    offline = [c.name for c in choose(ServerConfig.of())]
     assert offline == ["local", "echo", "piper"]
-    both = ServerConfig(openai_api_key="k", elevenlabs_api_key="x")
+    both = ServerConfig.of(openai_api_key="k", elevenlabs_api_key="x")
     assert [c.name for c in choose(both)] == ["openai", "openai", "elevenlabs"]
     assert all(c.reason.startswith("auto:") for c in choose(both))
-    local_llm = ServerConfig(openai_base_url="http://127.0.0.1:11434/v1")
+    local_llm = ServerConfig.of(openai_base_url="http://127.0.0.1:11434/v1")
     assert [c.name for c in choose(local_llm)] == ["local", "openai", "piper"]
-    asked = ServerConfig(openai_api_key="k", stt="local", tts="piper")
+    asked = ServerConfig.of(openai_api_key="k", stt="local", tts="piper")
     assert [(c.name, c.reason) for c in choose(asked)][0] == ("local", "asked for")
 
 

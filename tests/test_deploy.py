@@ -92,11 +92,11 @@ def test_env_vars_are_real_flags_with_valid_values(source: str) -> None:
     assert not unknown, f"{source} sets variables no flag reads: {sorted(unknown)}"
     # The values parse as the CLI parses them, and the configuration they make is valid.
     config = config_from(build_parser(env).parse_args(["serve"]), env)
-    assert config.turn_urls == tuple(env_default(option("turn-url"), env))
+    assert config.media.turn_urls == tuple(env_default(option("turn-url"), env))
 
 
 def _routes() -> set[str]:
-    app = create_app(ServerConfig(ice_addresses=("127.0.0.1",)))
+    app = create_app(ServerConfig.of(ice_addresses=("127.0.0.1",)))
     return {r.canonical for r in app.router.resources()}
 
 

@@ -107,10 +107,10 @@ def test_frame_ancestors_never_carries_anything_but_origins() -> None:
 def test_allowed_origins_must_be_plain_origins() -> None:
     from rtc_server.config import ServerConfig
 
-    ServerConfig(allowed_origins=("https://a.example", "http://127.0.0.1:9", "http://[::1]:8"))
+    ServerConfig.of(allowed_origins=("https://a.example", "http://127.0.0.1:9", "http://[::1]:8"))
     for bad in ("https://a.example/", "a.example", "https://a.example; script-src *"):
         with pytest.raises(ValueError, match="allowed-origin"):
-            ServerConfig(allowed_origins=(bad,))
+            ServerConfig.of(allowed_origins=(bad,))
 
 
 async def test_embed_is_403_when_framed_by_a_page_of_another_origin(

@@ -62,7 +62,7 @@ def test_the_tree_keeps_the_builtin_kinds_callers_catch() -> None:
     assert issubclass(AvatarError, ValueError)
     assert issubclass(WeightsError, RuntimeError) and issubclass(EngineError, RuntimeError)
     try:
-        ServerConfig(port=0)
+        ServerConfig.of(port=0)
     except ConfigError as exc:
         assert "port must be 1..65535" in str(exc)
     else:

@@ -354,7 +354,7 @@ def test_turn_and_public_address_flags() -> None:
 )
 def test_bad_ice_settings_are_refused(config: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ServerConfig(**config)  # type: ignore[arg-type]
+        ServerConfig.of(**config)
 
 
 def test_bad_ice_server_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -150,7 +150,7 @@ def test_limit_flags_and_environment() -> None:
 )
 def test_bad_limits_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
-        ServerConfig(**{field: value})  # type: ignore[arg-type]
+        ServerConfig.of(**{field: value})
 
 
 def test_bad_limit_flags_stop_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,7 @@ import pytest
 from benchmarks.client import CallClient
 from musetalk_core.engine import MuseTalkEngine
 from musetalk_core.tiny import build_random_weights
-from rtc_server.config import ServerConfig
+from rtc_server.config import EngineSettings, ServerConfig
 from rtc_server.engine_factory import EngineFactory, load_engine_factory
 from rtc_server.media.resilient_engine import ResilientEngine
 from tests.conftest import start_server
@@ -28,11 +28,10 @@ def musetalk_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engin
     base = tmp_path_factory.mktemp("musetalk-call")
     weights = build_random_weights(base / "weights")
     factory = load_engine_factory(
-        ServerConfig(
-            engine="musetalk",
-            weights_dir=weights,
-            musetalk_device="cpu",
-            musetalk_batch=4,
+        ServerConfig.of(
+            engine=EngineSettings(
+                name="musetalk", weights_dir=weights, musetalk_device="cpu", musetalk_batch=4
+            ),
             cache_dir=base / "cache",
         )
     )
@@ -97,7 +96,10 @@ async def test_broken_weights_fall_back_to_warp_and_tell_the_caller(
     cache_dir: Path, tmp_path: Path
 ) -> None:
     factory = load_engine_factory(
-        ServerConfig(engine="musetalk", weights_dir=tmp_path / "missing", cache_dir=cache_dir)
+        ServerConfig.of(
+            engine=EngineSettings(name="musetalk", weights_dir=tmp_path / "missing"),
+            cache_dir=cache_dir,
+        )
     )
     assert factory.name == "warp"
     server, runner = await start_server(factory, cache_dir)

@@ -33,7 +33,7 @@ from musetalk_core.weights import (
     sha256_file,
     verify_weights,
 )
-from rtc_server.config import ServerConfig
+from rtc_server.config import EngineSettings, ServerConfig
 from rtc_server.engine_factory import load_engine_factory
 
 RATE = 48_000
@@ -322,12 +322,17 @@ async def test_slower_than_real_time_plays_the_audio_over_idle_images(
 
 def test_missing_weights_fall_back_to_warp_with_a_notice(tmp_path: Path) -> None:
     factory = load_engine_factory(
-        ServerConfig(engine="musetalk", weights_dir=tmp_path / "none", cache_dir=tmp_path)
+        ServerConfig.of(
+            engine=EngineSettings(name="musetalk", weights_dir=tmp_path / "none"),
+            cache_dir=tmp_path,
+        )
     )
     assert factory.name == "warp"
     assert factory.notice is not None and "no MuseTalk weights directory" in factory.notice
     auto = load_engine_factory(
-        ServerConfig(engine="auto", weights_dir=tmp_path / "none", cache_dir=tmp_path)
+        ServerConfig.of(
+            engine=EngineSettings(name="auto", weights_dir=tmp_path / "none"), cache_dir=tmp_path
+        )
     )
     assert auto.name == "warp" and auto.notice is None
     assert "no MuseTalk weights directory" in auto.reason
@@ -339,7 +344,9 @@ def test_corrupt_weights_fall_back_to_warp(weights: Path, tmp_path: Path) -> Non
     (broken / "manifest.json").unlink()
     (broken / "sd-vae" / "diffusion_pytorch_model.bin").write_bytes(b"\0" * 64)
     factory = load_engine_factory(
-        ServerConfig(engine="musetalk", weights_dir=broken, cache_dir=tmp_path)
+        ServerConfig.of(
+            engine=EngineSettings(name="musetalk", weights_dir=broken), cache_dir=tmp_path
+        )
     )
     assert factory.name == "warp"
     assert factory.notice is not None and "sd-vae" in factory.notice
@@ -348,7 +355,7 @@ def test_corrupt_weights_fall_back_to_warp(weights: Path, tmp_path: Path) -> Non
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_auto_without_cuda_explains_itself(weights: Path, tmp_path: Path) -> None:
     factory = load_engine_factory(
-        ServerConfig(engine="auto", weights_dir=weights, cache_dir=tmp_path)
+        ServerConfig.of(engine=EngineSettings(name="auto", weights_dir=weights), cache_dir=tmp_path)
     )
     assert factory.name == "warp"
     assert "no CUDA" in factory.reason

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from rtc_server.cli import build_parser
-from rtc_server.config import ServerConfig
+from rtc_server.config import SECTIONS, EngineSettings, ServerConfig
 from rtc_server.options import (
+    GROUPS,
     SERVE_OPTIONS,
     EnvError,
     Kind,
@@ -55,14 +56,30 @@ def test_the_readme_shows_the_table() -> None:
 
 def test_defaults_make_the_default_config() -> None:
     config = config_from(build_parser({}).parse_args(["serve"]), {})
-    assert config == ServerConfig()
+    assert config == ServerConfig.of()
 
 
-def test_every_option_fills_a_config_field_or_says_it_does_not() -> None:
-    fields = {f.name for f in dataclasses.fields(ServerConfig)}
+def test_every_option_fills_a_field_of_its_groups_section_or_says_it_does_not() -> None:
+    assert list(GROUPS) == list(SECTIONS)  # the README's groups are the config's sections
     for o in SERVE_OPTIONS:
         if o.in_config:
+            fields = {f.name for f in dataclasses.fields(SECTIONS[o.group])}
             assert (o.field or o.dest) in fields, o.flag
+
+
+def test_the_config_is_frozen_and_changed_only_by_a_validated_copy() -> None:
+    config = ServerConfig.of(port=9000, barge_in=False, engine=EngineSettings(name="warp"))
+    assert (config.server.port, config.conversation.barge_in) == (9000, False)
+    assert config.engine.name == "warp" and config.engine.musetalk_batch == 16
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.server.port = 1  # type: ignore[misc]
+    changed = config.replace(port=9001, rate_limit_per_min=0)
+    assert (changed.server.port, changed.access.rate_limit_per_min) == (9001, 0)
+    assert changed.engine is config.engine and config.server.port == 9000
+    with pytest.raises(ValueError, match="port must be"):
+        config.replace(port=0)
+    with pytest.raises(TypeError, match="no field 'prot'"):
+        ServerConfig.of(prot=1)
 
 
 NUMBERS = [o for o in SERVE_OPTIONS if o.type in (int, float)]
@@ -85,12 +102,16 @@ def test_values_from_the_environment_reach_the_config_and_flags_win() -> None:
         "AVATAR_RTC_API_KEY": "",
     }
     config = config_from(build_parser(env).parse_args(["serve"]), env)
-    assert (config.port, config.barge_in, config.engine) == (9001, False, "warp")
-    assert config.ice_addresses == ("127.0.0.1", "::1")
-    assert config.cpu_limit is None and config.api_key is None  # 0 and empty: unset
+    assert (config.server.port, config.conversation.barge_in, config.engine.name) == (
+        9001,
+        False,
+        "warp",
+    )
+    assert config.media.ice_addresses == ("127.0.0.1", "::1")
+    assert config.server.cpu_limit is None and config.access.api_key is None  # 0 and empty: unset
     args = build_parser(env).parse_args(["serve", "--ice-address", "127.0.0.2", "--port", "5"])
     config = config_from(args, env)
-    assert config.ice_addresses == ("127.0.0.2",) and config.port == 5
+    assert config.media.ice_addresses == ("127.0.0.2",) and config.server.port == 5
 
 
 def test_a_choice_outside_its_choices_names_the_variable() -> None:

@@ -47,15 +47,17 @@ def _pick(slot: str, wanted: str, cloud: list[tuple[str, bool, str]], local: str
 
 
 def choose(config: ServerConfig) -> tuple[Choice, Choice, Choice]:
-    openai_key = bool(config.openai_api_key)
-    stt = _pick("stt", config.stt, [("openai", openai_key, "OPENAI_API_KEY is set")], "local")
+    openai_key = bool(config.conversation.openai_api_key)
+    stt = _pick(
+        "stt", config.conversation.stt, [("openai", openai_key, "OPENAI_API_KEY is set")], "local"
+    )
     llm = _pick(
         "llm",
-        config.llm,
+        config.conversation.llm,
         [
             (
                 "openai",
-                openai_key or bool(config.openai_base_url),
+                openai_key or bool(config.conversation.openai_base_url),
                 "an OpenAI key or base URL is set",
             )
         ],
@@ -63,9 +65,13 @@ def choose(config: ServerConfig) -> tuple[Choice, Choice, Choice]:
     )
     tts = _pick(
         "tts",
-        config.tts,
+        config.conversation.tts,
         [
-            ("elevenlabs", bool(config.elevenlabs_api_key), "ELEVENLABS_API_KEY is set"),
+            (
+                "elevenlabs",
+                bool(config.conversation.elevenlabs_api_key),
+                "ELEVENLABS_API_KEY is set",
+            ),
             ("openai", openai_key, "OPENAI_API_KEY is set"),
         ],
         "piper",
@@ -80,13 +86,13 @@ def load_providers(
     from rtc_server.providers.piper_tts import PiperTTS
 
     stt_choice, llm_choice, tts_choice = choose(config)
-    key = config.openai_api_key or ""
-    base = config.openai_base_url or OPENAI_BASE_URL
-    local_tts = PiperTTS.load(executor, deterministic=config.piper_deterministic)
+    key = config.conversation.openai_api_key or ""
+    base = config.conversation.openai_base_url or OPENAI_BASE_URL
+    local_tts = PiperTTS.load(executor, deterministic=config.conversation.piper_deterministic)
     policy = HTTPPolicy(
-        max_attempts=config.provider_attempts,
-        backoff_initial_s=config.provider_backoff_s,
-        read_timeout_s=config.provider_read_timeout_s,
+        max_attempts=config.conversation.provider_attempts,
+        backoff_initial_s=config.conversation.provider_backoff_s,
+        read_timeout_s=config.conversation.provider_read_timeout_s,
     )
 
     stt: STT | None
@@ -111,8 +117,8 @@ def load_providers(
             http,
             api_key=key,
             base_url=base,
-            model=config.llm_model,
-            max_tokens=config.max_tokens,
+            model=config.conversation.llm_model,
+            max_tokens=config.conversation.max_tokens,
             system_prompt="",
             policy=policy,
         )
@@ -127,16 +133,20 @@ def load_providers(
 
         tts = ElevenLabsTTS(
             http,
-            api_key=config.elevenlabs_api_key or "",
-            base_url=config.elevenlabs_base_url or ELEVENLABS_BASE_URL,
-            voice_id=config.elevenlabs_voice or DEFAULT_VOICE_ID,
+            api_key=config.conversation.elevenlabs_api_key or "",
+            base_url=config.conversation.elevenlabs_base_url or ELEVENLABS_BASE_URL,
+            voice_id=config.conversation.elevenlabs_voice or DEFAULT_VOICE_ID,
             policy=policy,
         )
     elif tts_choice.name == "openai":
         from rtc_server.providers.openai_tts import OpenAITTS
 
         tts = OpenAITTS(
-            http, api_key=key, base_url=base, voice=config.openai_tts_voice, policy=policy
+            http,
+            api_key=key,
+            base_url=base,
+            voice=config.conversation.openai_tts_voice,
+            policy=policy,
         )
     else:
         tts = local_tts

@@ -10,7 +10,6 @@ has gone drains as on SIGTERM.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import os
 import pickle
@@ -111,7 +110,7 @@ def main() -> int:
     from rtc_server.logs import configure_logging
     from rtc_server.serving import serve
 
-    configure_logging(spec.verbose, spec.config.log_format)
+    configure_logging(spec.verbose, spec.config.server.log_format)
     try:
         factory = prepare(spec.config)
     except (ValueError, AvatarError) as exc:
@@ -119,10 +118,10 @@ def main() -> int:
         return 2
     quiet_telemetry()
     # TLS ends at the front; the front enforces the rate limit for the whole server.
-    config = dataclasses.replace(spec.config, rate_limit_per_min=0, cert_file=None, key_file=None)
+    config = spec.config.replace(rate_limit_per_min=0, cert_file=None, key_file=None)
     app = create_app(config, engine_loader=lambda: factory)
-    add_worker_parts(app, spec.parent_pid, spec.secret, config.drain_timeout_s)
-    asyncio.run(serve(app, path=spec.socket_path, drain_timeout_s=config.drain_timeout_s))
+    add_worker_parts(app, spec.parent_pid, spec.secret, config.server.drain_timeout_s)
+    asyncio.run(serve(app, path=spec.socket_path, drain_timeout_s=config.server.drain_timeout_s))
     return 0
 
 

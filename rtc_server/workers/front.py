@@ -35,9 +35,8 @@ from rtc_server.workers.protocol import (
     INTERNAL_PREFIX,
     STATUS_SECRET,
 )
-from signaling.access import AccessPolicy, TokenSigner, access_middleware
+from signaling.access import access_middleware
 from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
-from signaling.ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
 
@@ -64,18 +63,8 @@ NOT_RETURNED = frozenset({"server", "date"})
 POOL = web.AppKey("pool", WorkerPool)
 
 
-def front_policy(config: ServerConfig) -> AccessPolicy:
-    limiter = None
-    if config.rate_limit_per_min:
-        limiter = RateLimiter(
-            config.rate_limit_per_min / 60, burst=max(1, config.rate_limit_per_min // 3)
-        )
-    signer = TokenSigner(config.api_key) if config.api_key else None
-    return AccessPolicy(frozenset(config.allowed_origins), signer, limiter)
-
-
 def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
-    access = front_policy(config)
+    access = config.access.build_policy()
     app = web.Application(
         middlewares=[error_middleware, access_middleware(access)], client_max_size=MAX_BODY_BYTES
     )
@@ -147,11 +136,11 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
             raise SignalingError(
                 503, "not_ready", "models are still loading", headers={"Retry-After": "2"}
             )
-        if pool.total_load() >= config.max_sessions:
+        if pool.total_load() >= config.server.max_sessions:
             raise SignalingError(
                 503,
                 "at_capacity",
-                f"the server is at its limit of {config.max_sessions} calls",
+                f"the server is at its limit of {config.server.max_sessions} calls",
                 headers={"Retry-After": "5"},
             )
         body = await read_body(request)
@@ -367,11 +356,12 @@ async def _run(config: ServerConfig, count: int, verbose: int) -> int:
             shutdown_timeout=5.0,
         )
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
+        site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=ssl_context)
         await site.start()
         scheme = "https" if ssl_context else "http"
         print(
-            f"avatar-rtc: serving on {scheme}://{config.host}:{config.port} ({count} workers)",
+            f"avatar-rtc: serving on {scheme}://{config.server.host}:{config.server.port} "
+            f"({count} workers)",
             flush=True,
         )
         if not stop.is_set():  # a signal during start-up: drain worker 0 and stop

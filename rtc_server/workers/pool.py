@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import pickle
@@ -175,9 +174,9 @@ class WorkerPool:
 
     async def _spawn(self, worker: Worker) -> None:
         # Each worker judges its own headroom against its share of the machine's cores.
-        cpu_limit = self.config.cpu_limit or Headroom.default_cpu_limit(len(self.workers))
+        cpu_limit = self.config.server.cpu_limit or Headroom.default_cpu_limit(len(self.workers))
         spec = WorkerSpec(
-            dataclasses.replace(self.config, cpu_limit=cpu_limit),
+            self.config.replace(cpu_limit=cpu_limit),
             worker.socket_path,
             worker.index,
             os.getpid(),
@@ -387,7 +386,7 @@ class WorkerPool:
     async def wait_exited(self) -> None:
         """Until every worker has exited; one still there long after its drain is killed."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.drain_timeout_s + KILL_AFTER_DRAIN_S
+        deadline = loop.time() + self.config.server.drain_timeout_s + KILL_AFTER_DRAIN_S
         while any(w.alive for w in self.workers):
             if loop.time() > deadline:
                 for worker in self.workers:
