@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,12 +19,15 @@ OUTSIDE = (
 )
 
 
-def test_no_tracked_file_points_outside_the_repository() -> None:
-    listed = subprocess.run(
+def _tracked() -> list[str]:
+    return subprocess.run(
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
+
+
+def test_no_tracked_file_points_outside_the_repository() -> None:
     found = []
-    for name in listed:
+    for name in _tracked():
         path = ROOT / name
         if not path.is_file() or path.suffix in {".png", ".jpg", ".onnx", ".pth", ".bin"}:
             continue
@@ -39,23 +43,28 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
 def test_the_wheel_carries_the_pages_inside_the_package(tmp_path: Path) -> None:
     """``static/`` and ``templates/`` sit at the top of the checkout; a wheel installs them as
     ``rtc_server/static`` and ``rtc_server/templates``, where ``rtc_server.pages`` finds them."""
+    source = tmp_path / "source"  # the tracked files alone: no build/ left in the checkout
+    for name in _tracked():
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run(
         [
             sys.executable,
             "-m",
             "pip",
             "wheel",
-            str(ROOT),
+            str(source),
             "--no-deps",
             "--no-build-isolation",
             "--quiet",
             "--wheel-dir",
-            str(tmp_path),
+            str(tmp_path / "dist"),
         ],
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("avatar_rtc-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("avatar_rtc-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder in ("static", "templates"):
         expected = {f"rtc_server/{folder}/{p.name}" for p in (ROOT / folder).iterdir()}
