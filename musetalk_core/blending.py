@@ -26,7 +26,8 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from .musetalk_avatar import FACE_SIZE, Corners, blend_mask
+from .boxes import Corners
+from .musetalk_avatar import FACE_SIZE, blend_mask
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +51,7 @@ def _region(
     x2, y2 = min(fx2, cx2, frame_shape[1]), min(fy2, cy2, frame_shape[0])
     if x2 <= x1 or y2 <= y1:
         return None
-    return x1, y1, x2, y2
+    return Corners(x1, y1, x2, y2)
 
 
 def _resized_face(face256: U8, face_box: Corners) -> U8:
@@ -175,7 +176,7 @@ def time_blends(
     fw = height // 3
     fh = round(fw * 1.25)
     x1, y1 = (width - fw) // 2, max(0, height // 2 - fh // 2 - height // 10)
-    face_box = (x1, y1, x1 + fw, min(height, y1 + fh))
+    face_box = Corners(x1, y1, x1 + fw, min(height, y1 + fh))
     crop, mask = blend_mask(face_box, frame_size)
 
     def median_ms(fn: Callable[[], object]) -> float:

@@ -35,6 +35,7 @@ import numpy.typing as npt
 import torch
 
 from .blending import blend_crop, blend_crop_torch
+from .boxes import Corners
 from .features import DEFAULT_LOOKAHEAD_S, Downsampler, FeatureStream, WhisperFeatures
 from .inference import StageTimes, infer_batch
 from .models import MuseTalkModels
@@ -90,21 +91,21 @@ class MuseTalkRuntime:
     def blend(self, faces: torch.Tensor, cycle: list[int]) -> list[U8]:
         """Paste decoded (B, 256, 256, 3) faces into the avatar frames at ``cycle`` indices."""
         av = self.avatar
-        boxes = [tuple(int(v) for v in av.face_boxes[i]) for i in cycle]
-        crops = [tuple(int(v) for v in av.crop_boxes[i]) for i in cycle]
+        boxes = [Corners(*(int(v) for v in av.face_boxes[i])) for i in cycle]
+        crops = [Corners(*(int(v) for v in av.crop_boxes[i])) for i in cycle]
         if self._device_frames is not None and faces.device.type == "cuda":
             index = torch.tensor(cycle, device=faces.device)
             out = blend_crop_torch(
                 self._device_frames[index],
                 faces,
-                boxes,  # type: ignore[arg-type]
-                crops,  # type: ignore[arg-type]
+                boxes,
+                crops,
                 [self._device_masks[i] for i in cycle],
             )
             return list(out.cpu().numpy())
         host = faces.cpu().numpy()
         return [
-            blend_crop(av.frames[i], face, box, crop, av.masks[i])  # type: ignore[arg-type]
+            blend_crop(av.frames[i], face, box, crop, av.masks[i])
             for face, i, box, crop in zip(host, cycle, boxes, crops, strict=True)
         ]
 

@@ -52,9 +52,9 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from .boxes import Box, Corners
 from .warp_avatar import (
     AvatarError,
-    Box,
     NoFaceError,
     as_rgb,
     detect_face,
@@ -66,7 +66,6 @@ __all__ = [
     "CROP_EXPAND",
     "FACE_SIZE",
     "UPPER_BOUNDARY_RATIO",
-    "Corners",
     "EncodeFn",
     "MaterialSettings",
     "MuseTalkAvatar",
@@ -84,9 +83,6 @@ logger = logging.getLogger(__name__)
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
-
-Corners = tuple[int, int, int, int]
-"""``(x1, y1, x2, y2)`` in frame pixels, ``x2``/``y2`` exclusive (upstream's box convention)."""
 
 EncodeFn = Callable[[U8], npt.NDArray[Any]]
 """(B, 256, 256, 3) uint8 RGB crops -> (B, 4, 32, 32) scaled VAE latents."""
@@ -188,7 +184,7 @@ def musetalk_box(
             f"(row {chin}); use a smaller value"
         )
     x1, x2 = max(0, x), min(width, x + w)
-    return x1, top, x2, min(height, chin + extra_margin)
+    return Corners(x1, top, x2, min(height, chin + extra_margin))
 
 
 def crop_box(face: Corners, expand: float = CROP_EXPAND) -> Corners:
@@ -196,13 +192,13 @@ def crop_box(face: Corners, expand: float = CROP_EXPAND) -> Corners:
     x1, y1, x2, y2 = face
     xc, yc = (x1 + x2) // 2, (y1 + y2) // 2
     s = int(max(x2 - x1, y2 - y1) // 2 * expand)
-    return xc - s, yc - s, xc + s, yc + s
+    return Corners(xc - s, yc - s, xc + s, yc + s)
 
 
 def _clip(box: Corners, frame_size: tuple[int, int]) -> Corners:
     width, height = frame_size
     x1, y1, x2, y2 = box
-    return max(0, x1), max(0, y1), min(width, x2), min(height, y2)
+    return Corners(max(0, x1), max(0, y1), min(width, x2), min(height, y2))
 
 
 def blend_mask(
@@ -539,7 +535,7 @@ def _face_boxes(
     size = (int(frames[0].shape[1]), int(frames[0].shape[0]))
     return [
         musetalk_box(
-            (round(x), round(y), round(w), round(h)),
+            Box(round(x), round(y), round(w), round(h)),
             size,
             bbox_shift=settings.bbox_shift,
             extra_margin=settings.extra_margin,

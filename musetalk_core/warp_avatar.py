@@ -25,6 +25,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from .boxes import Box
 from .types import AvatarRtcError
 
 __all__ = [
@@ -41,9 +42,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-Box = tuple[int, int, int, int]
-"""(x, y, w, h) in full-image pixels."""
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -312,7 +310,7 @@ def _detect_face(gray: U8, source: str) -> Box:
             f"face at least {min_side} px wide, well lit, looking at the camera"
         )
     x, y, fw, fh = max(faces, key=lambda r: int(r[2]) * int(r[3]))
-    return int(x), int(y), int(fw), int(fh)
+    return Box(int(x), int(y), int(fw), int(fh))
 
 
 def _clip_box(box: tuple[float, float, float, float], width: int, height: int) -> Box:
@@ -320,7 +318,7 @@ def _clip_box(box: tuple[float, float, float, float], width: int, height: int) -
     y0 = max(0, round(box[1]))
     x1 = min(width, round(box[0] + box[2]))
     y1 = min(height, round(box[1] + box[3]))
-    return x0, y0, max(1, x1 - x0), max(1, y1 - y0)
+    return Box(x0, y0, max(1, x1 - x0), max(1, y1 - y0))
 
 
 def _find_mouth(gray: U8, face: Box) -> tuple[Box, bool]:
@@ -352,7 +350,7 @@ def _find_mouth(gray: U8, face: Box) -> tuple[Box, bool]:
             continue
         score = ((cx - expected[0]) / fw) ** 2 + ((cy - expected[1]) / fh) ** 2
         if score < best_score:
-            best, best_score = (int(x + mx), int(y0 + my), int(mw), int(mh)), score
+            best, best_score = Box(int(x + mx), int(y0 + my), int(mw), int(mh)), score
     if best is None:
         return fallback, False
     return _clip_box(best, width, height), True
@@ -700,9 +698,9 @@ def _load_cache(path: Path) -> WarpAvatar | None:
             for f in dataclasses.fields(WarpAvatar):
                 arr = data[f.name]
                 if f.name in _BOX_FIELDS:
-                    values[f.name] = tuple(int(v) for v in arr)
+                    values[f.name] = Box(*(int(v) for v in arr))
                 elif f.name == "eye_boxes":
-                    values[f.name] = tuple(tuple(int(v) for v in row) for row in arr)
+                    values[f.name] = tuple(Box(*(int(v) for v in row)) for row in arr)
                 elif f.name in _FLOAT_FIELDS:
                     values[f.name] = float(arr)
                 else:

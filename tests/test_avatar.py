@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from musetalk_core import warp_avatar as avatar_mod
+from musetalk_core.boxes import Box, Corners
 from musetalk_core.warp_avatar import (
     AvatarError,
     NoFaceError,
@@ -233,3 +234,10 @@ def test_lip_line_goes_under_visible_teeth() -> None:
     patch = _mouth_patch([(235, 230, 220)] * 3)  # teeth at y 16..18
     lip_y, teeth = avatar_mod._lip_line(patch, (0, 4, 40, 24))
     assert (lip_y, teeth) == (18.5, True)
+
+
+def test_the_two_box_conventions_convert_both_ways() -> None:
+    box = Box(10, 20, 30, 40)
+    assert box.corners() == Corners(10, 20, 40, 60) and box.corners().box() == box
+    x, y, w, h = box  # still unpacks as the tuple it is
+    assert (x, y, w, h) == (10, 20, 30, 40)
