@@ -16,6 +16,7 @@ from playwright.async_api import Page, expect
 from benchmarks.browser import call_stats, chromium_missing, chromium_page, start_call
 from benchmarks.clip import speech_pcm
 from tests.conftest import LiveServer
+from tests.test_listening import QUESTION
 
 needs_chromium = pytest.mark.skipif(chromium_missing() is not None, reason=chromium_missing() or "")
 
@@ -25,7 +26,7 @@ def _words(text: str) -> set[str]:
 
 
 async def _question_wav(path: Path) -> Path:
-    speech = await speech_pcm("What is the capital of France?", 48_000)
+    speech = await speech_pcm(QUESTION, 48_000)
     silence = np.zeros(48_000 * 2, np.int16)
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
@@ -57,7 +58,7 @@ async def test_browser_asks_by_voice_and_hears_the_answer(
     async with chromium_page(tmp_path / "profile", args) as page:
         await start_call(page, f"{live_server.url}/")
         transcript = await _event(page, "transcript", 20)
-        assert {"capital", "france"} <= _words(transcript["text"])
+        assert {"capital", "italy"} <= _words(transcript["text"])
         response = await _event(page, "response", 10)
         assert response["text"].startswith("You said")
         # The answer is heard: the remote audio carries sound while the avatar speaks.

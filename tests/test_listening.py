@@ -22,7 +22,11 @@ from benchmarks.latency import connect_caller
 from rtc_server.media.resample import resample_int16
 from tests.conftest import LiveServer
 
-QUESTION = "What is the capital of France?"
+QUESTION = "What is the capital of Italy?"
+"""Whisper tiny.en hears this the same at every alignment of the 32 ms VAD chunks to the
+caller's 20 ms frames and with any silence after it. "...of France?" came out "...of friends?"
+at one alignment in eight, through Opus with 200 ms of silence after it, so the test failed by
+chance when the machine was busy (a swept check over 80 alignments, Opus included)."""
 
 
 def words(text: str) -> list[str]:
@@ -47,7 +51,7 @@ async def test_spoken_question_is_heard_and_answered(live_server: LiveServer, wh
 
         transcript = await client.wait_event(lambda e: e.get("type") == "transcript", 15)
         assert transcript["final"] is True
-        assert {"capital", "france"} <= set(words(transcript["text"]))
+        assert {"capital", "italy"} <= set(words(transcript["text"]))
         turn = await client.wait_event(lambda e: e.get("type") == "turn", 30)
         reply = " ".join(e["text"] for e in client.events if e.get("type") == "response")
         assert reply == f"You said: {transcript['text'].rstrip('.!?')}."
