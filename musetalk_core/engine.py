@@ -4,11 +4,12 @@
 the model's device) and the one :class:`~musetalk_core.worker.InferenceWorker` thread.
 :class:`MuseTalkEngine` is the per-call part, a :class:`~musetalk_core.types.LipSyncEngine`.
 
-Threads. The event loop only queues work: ``push_audio``/``end_segment``/``clear`` append
-operations to a thread-safe queue and wake the worker. The worker thread owns everything
-heavy: resampling to 16 kHz, the streaming whisper features, the UNet batch, the VAE decode and
-the blend into the full frame; finished frames come back to the loop with
-``call_soon_threadsafe``.
+Threads. The event loop only queues work: ``push_audio``/``end_segment``/``clear`` send
+operations down the call's :class:`RenderChannel` and wake the worker. The worker thread owns
+everything heavy (:class:`~musetalk_core.render_side.RenderSide`): resampling to 16 kHz, the
+streaming whisper features, the UNet batch, the VAE decode and the blend into the full frame;
+finished frames come back to the loop with ``call_soon_threadsafe``, or, from the engine
+process, through shared memory (:mod:`musetalk_core.engine_server`).
 
 Pacing. ``frames()`` yields idle frames (the avatar's loop)
 until the first frame of an utterance is rendered, so the reply's audio never starts ahead of
@@ -21,14 +22,11 @@ played as usual: the voice never stalls or tears, the video degrades.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -36,19 +34,55 @@ import torch
 
 from .blending import blend_crop, blend_crop_torch
 from .boxes import Corners
-from .features import DEFAULT_LOOKAHEAD_S, Downsampler, FeatureStream, WhisperFeatures
-from .inference import StageTimes, infer_batch
+from .features import DEFAULT_LOOKAHEAD_S, WhisperFeatures
 from .models import MuseTalkModels
 from .musetalk_avatar import MuseTalkAvatar
+from .render_side import RenderSide, render_now
 from .segments import SegmentQueue
 from .types import AudioChunk, AvatarFrame, EngineError
-from .worker import InferenceWorker, RenderRequest
+from .worker import InferenceWorker
 
-__all__ = ["MuseTalkEngine", "MuseTalkRuntime"]
+__all__ = ["MuseTalkEngine", "MuseTalkRuntime", "RenderChannel", "RenderLink"]
 
 logger = logging.getLogger(__name__)
 
 U8 = npt.NDArray[np.uint8]
+
+
+Arrive = Callable[[int, int, int, list[U8]], None]
+"""``arrive(generation, segment_id, first_index, images)``: rendered frames, on the loop."""
+
+
+class RenderChannel(Protocol):
+    """One call's line to its renderer: operations in (as :meth:`RenderSide.queue` takes
+    them), the presentation mark for catch-up, and a close."""
+
+    def send(self, *op: Any) -> None: ...
+
+    def mark(self, segment_id: int, presented: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RenderLink(Protocol):
+    """Where calls' MuseTalk frames are rendered: what a :class:`MuseTalkEngine` needs."""
+
+    @property
+    def fps(self) -> int: ...
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def frame_size(self) -> tuple[int, int]: ...
+
+    @property
+    def latency(self) -> float: ...
+
+    @property
+    def idle_frames(self) -> Sequence[U8]: ...
+
+    def open(self, arrive: Arrive, failed: Callable[[BaseException], None]) -> RenderChannel: ...
 
 
 class MuseTalkRuntime:
@@ -118,13 +152,42 @@ class MuseTalkRuntime:
     def cycle(self) -> int:
         return len(self.avatar.frames)
 
+    @property
+    def idle_frames(self) -> Sequence[U8]:
+        return self.avatar.frames
+
+    @property
+    def latency(self) -> float:
+        # Frame f needs audio to 40 f + 120 ms (two frames of right context) plus look-ahead,
+        # then a first-size batch.
+        return 0.12 + self.lookahead_s + self.batch_ms / 1000
+
+    def open(self, arrive: Arrive, failed: Callable[[BaseException], None]) -> RenderChannel:
+        """A call's line to this process's worker; ``arrive``/``failed`` run on the caller's
+        event loop."""
+        loop = asyncio.get_running_loop()
+
+        def publish(generation: int, segment_id: int, first: int, images: list[U8]) -> None:
+            with contextlib.suppress(RuntimeError):  # the call's loop is gone: nobody waits
+                loop.call_soon_threadsafe(arrive, generation, segment_id, first, images)
+
+        def on_fail(exc: BaseException) -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(failed, exc)
+
+        return _LocalChannel(RenderSide(self, publish, on_fail), self.worker)
+
+    def render_now(self, pcm48: npt.NDArray[np.int16]) -> list[U8]:
+        """Render one utterance synchronously on this thread (warm-up and benchmarks)."""
+        return render_now(self, pcm48)
+
     def warm_up(self) -> float:
         """Render a first-size batch twice (the first run pays one-off costs); the second
         run's wall ms is kept as ``batch_ms`` and returned."""
         silence = np.zeros(self.worker.first_batch * self.sample_rate // self.fps, np.int16)
         for _ in range(2):
             t0 = time.perf_counter()
-            MuseTalkEngine(self).render_now(silence)
+            self.render_now(silence)
             self.batch_ms = (time.perf_counter() - t0) * 1000
         return self.batch_ms
 
@@ -132,46 +195,45 @@ class MuseTalkRuntime:
         self.worker.close()
 
 
-@dataclass(slots=True)
-class _Token:
-    generation: int
-    segment_id: int
-    first: int
-    cycle: list[int]
+class _LocalChannel:
+    """A call's :class:`RenderChannel` to the worker thread of this process."""
 
+    def __init__(self, side: RenderSide, worker: InferenceWorker) -> None:
+        self._side = side
+        self._worker = worker
+        worker.attach(side)
 
-class _WorkerSegment:
-    """Worker-thread state of one utterance."""
+    def send(self, *op: Any) -> None:
+        self._side.queue(*op)
+        self._worker.notify()
 
-    def __init__(self, segment_id: int, cycle_base: int, runtime: MuseTalkRuntime) -> None:
-        self.segment_id = segment_id
-        self.cycle_base = cycle_base
-        self.resampler = Downsampler()
-        self.skip = self.resampler.delay_samples
-        """Leading 16 kHz samples still to drop: the filter's delay, so features stay aligned."""
-        self.stream = FeatureStream(runtime.features, lookahead_s=runtime.lookahead_s)
-        self.taken = 0
-        self.ended = False
+    def mark(self, segment_id: int, presented: int) -> None:
+        self._side.mark = (segment_id, presented)
+
+    def close(self) -> None:
+        self._worker.detach(self._side)
 
 
 class MuseTalkEngine:
-    """One call's MuseTalk engine; see the module docstring."""
+    """One call's MuseTalk engine; see the module docstring.
+
+    ``link`` is where its frames are rendered: a :class:`MuseTalkRuntime` in this process, or
+    an :class:`~musetalk_core.engine_client.EngineClient` connected to the engine process that
+    batches the calls of every media worker on one GPU.
+    """
 
     def __init__(
-        self, runtime: MuseTalkRuntime, *, frame_wait: float | None = None, start_wait: float = 5.0
+        self, link: RenderLink, *, frame_wait: float | None = None, start_wait: float = 5.0
     ) -> None:
-        self.runtime = runtime
-        self._fps = runtime.fps
-        self._rate = runtime.sample_rate
+        self.link = link
+        self._fps = link.fps
+        self._rate = link.sample_rate
         self._frame_samples = self._rate // self._fps
         self.frame_wait = 1.0 / self._fps if frame_wait is None else frame_wait
         """How long a speaking frame waits for its face before the idle image stands in."""
         self.start_wait = start_wait
         """How long an utterance's first frame may hold the reply back before audio goes first."""
-        self._ops: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._ops_lock = threading.Lock()
         self._generation = 0
-        self._segments: collections.deque[_WorkerSegment] = collections.deque()
         self._speech = SegmentQueue(self._frame_samples)
         """Loop-side copy of the speech, cut into frame slices as the frames go out."""
         self._pushing: int | None = None
@@ -179,18 +241,12 @@ class MuseTalkEngine:
         self._faces: dict[tuple[int, int], U8] = {}
         self._arrived = asyncio.Event()
         self._failure: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channel: RenderChannel | None = None
         self._cycle_pos = 0
         self._closed = False
         self.degraded_frames = 0
         """Speaking frames shown with the idle image because their face came too late."""
         self.rendered_frames = 0
-        self.last_times = StageTimes()
-        self._attached = False
-        self._worker_generation = 0
-        self._sink: list[U8] | None = None
-        self._mark: tuple[int, int] = (-1, 0)
-        """(utterance, frames presented of it), published by the loop for the worker."""
 
     # LipSyncEngine -------------------------------------------------------------------------
 
@@ -204,70 +260,43 @@ class MuseTalkEngine:
 
     @property
     def frame_size(self) -> tuple[int, int]:
-        return self.runtime.frame_size
+        return self.link.frame_size
 
     @property
     def latency(self) -> float:
-        # Frame f needs audio to 40 f + 120 ms (two frames of right context) plus look-ahead,
-        # then a first-size batch.
-        return 0.12 + self.runtime.lookahead_s + self.runtime.batch_ms / 1000
+        return self.link.latency
 
-    def _attach(self) -> None:
-        if not self._attached:
-            self._loop = asyncio.get_running_loop()
-            self.runtime.worker.attach(self)
-            self._attached = True
-
-    def _queue(self, *op: Any) -> None:
-        with self._ops_lock:
-            self._ops.append(op)
-        self.runtime.worker.notify()
+    def _line(self) -> RenderChannel:
+        if self._channel is None:
+            self._channel = self.link.open(self._arrive, self._failed)
+        return self._channel
 
     async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
         if chunk.sample_rate != self._rate:
             raise ValueError(f"MuseTalkEngine takes {self._rate} Hz audio, got {chunk.sample_rate}")
-        self._attach()
+        line = self._line()
         pcm = np.ascontiguousarray(chunk.pcm, dtype=np.int16)
         if self._pushing != segment_id:
             self._pushing = segment_id
             # The utterance starts after the idle frames already handed out (about 3 ahead).
-            self._queue("start", self._generation, segment_id, self._cycle_pos + 3)
+            line.send("start", self._generation, segment_id, self._cycle_pos + 3)
         self._speech.push(pcm, segment_id)
-        self._queue("audio", self._generation, segment_id, pcm)
+        line.send("audio", self._generation, segment_id, pcm)
 
     async def end_segment(self, segment_id: int) -> None:
         self._speech.end(segment_id)
-        self._queue("end", self._generation, segment_id)
+        self._line().send("end", self._generation, segment_id)
 
     def clear(self) -> None:
         self._generation += 1
         self._speech.clear()
         self._pushing = None
         self._faces.clear()
-        self._queue("clear", self._generation)
-
-    def render_now(self, pcm48: npt.NDArray[np.int16]) -> list[U8]:
-        """Render one utterance synchronously on this thread (warm-up and benchmarks)."""
-        g = self._generation
-        self._ops.extend(
-            [("start", g, 0, 0), ("audio", g, 0, pcm48.astype(np.int16)), ("end", g, 0)]
-        )
-        frames: list[U8] = []
-        self._sink = frames
-        while True:
-            count, _ = self.poll()
-            if count == 0:
-                break
-            request = self.take(count)
-            if request is None:
-                break
-            faces = infer_batch(self.runtime.models, request.latents, request.audio)
-            self.deliver(request, faces, StageTimes())
-        self._sink = None
-        return frames
+        if self._channel is not None:
+            self._channel.send("clear", self._generation)
 
     async def frames(self) -> AsyncGenerator[AvatarFrame, None]:
-        self._attach()
+        self._line()
         idle_audio = AudioChunk(np.zeros(self._frame_samples, np.int16), self._rate)
         waited_since: float | None = None
         while not self._closed:
@@ -298,7 +327,8 @@ class MuseTalkEngine:
             for old in [k for k in self._faces if k < key]:
                 del self._faces[old]  # frames of pieces gone by (shown degraded, or cleared)
             audio = AudioChunk(piece.pcm, self._rate)
-            self._mark = (piece.segment_id, piece.index + 1)
+            if self._channel is not None:
+                self._channel.mark(piece.segment_id, piece.index + 1)
             if face is None:
                 self.degraded_frames += 1
                 image = self._idle_image()
@@ -309,16 +339,16 @@ class MuseTalkEngine:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._attached:
-            self.runtime.worker.detach(self)
-            self._attached = False
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
         self._speech.clear()
         self._faces.clear()
 
     # Loop-side helpers ---------------------------------------------------------------------
 
     def _idle_image(self) -> U8:
-        frames = self.runtime.avatar.frames
+        frames = self.link.idle_frames
         return frames[self._cycle_pos % len(frames)]
 
     def _idle(self, silence: AudioChunk) -> AvatarFrame:
@@ -350,109 +380,3 @@ class MuseTalkEngine:
     def _failed(self, exc: BaseException) -> None:
         self._failure = exc
         self._arrived.set()
-
-    # WorkSource (worker thread) ------------------------------------------------------------
-
-    def _apply_ops(self) -> None:
-        with self._ops_lock:
-            ops = list(self._ops)
-            self._ops.clear()
-        for op in ops:
-            kind, generation = op[0], op[1]
-            if kind == "clear":
-                self._segments.clear()
-                self._worker_generation = generation
-                continue
-            if generation != self._worker_generation:
-                continue
-            segment_id = op[2]
-            if kind == "start":
-                self._segments.append(_WorkerSegment(segment_id, op[3], self.runtime))
-                continue
-            segment = next((s for s in self._segments if s.segment_id == segment_id), None)
-            if segment is None or segment.ended:
-                continue
-            if kind == "audio":
-                self._feed(segment, segment.resampler.process(op[3]))
-            elif kind == "end":
-                # Push the filter's delay of zeros through, so the last samples come out.
-                tail = np.zeros(3 * segment.resampler.delay_samples + 2, np.int16)
-                self._feed(segment, segment.resampler.process(tail))
-                segment.stream.end()
-                segment.ended = True
-
-    @staticmethod
-    def _feed(segment: _WorkerSegment, pcm16k: npt.NDArray[np.float32]) -> None:
-        if segment.skip:
-            dropped = min(segment.skip, len(pcm16k))
-            segment.skip -= dropped
-            pcm16k = pcm16k[dropped:]
-        if len(pcm16k):
-            segment.stream.push(pcm16k)
-
-    def _current(self) -> _WorkerSegment | None:
-        while self._segments:
-            segment = self._segments[0]
-            if segment.ended and segment.stream.computable() == 0:
-                self._segments.popleft()
-                continue
-            return segment
-        return None
-
-    def poll(self) -> tuple[int, bool]:
-        self._apply_ops()
-        segment = self._current()
-        if segment is None:
-            return 0, False
-        return segment.stream.computable(), segment.taken == 0
-
-    def take(self, count: int) -> RenderRequest | None:
-        segment = self._current()
-        if segment is None:
-            return None
-        self._catch_up(segment)
-        audio = segment.stream.take(count)
-        n = int(audio.shape[0])
-        if n == 0:
-            return None
-        cycle = [(segment.cycle_base + segment.taken + i) % self.runtime.cycle for i in range(n)]
-        token = _Token(self._worker_generation, segment.segment_id, segment.taken, cycle)
-        segment.taken += n
-        latents = self.runtime.latents[torch.tensor(cycle, device=self.runtime.latents.device)]
-        return RenderRequest(self, token, latents, audio)
-
-    def _catch_up(self, segment: _WorkerSegment) -> None:
-        """Behind the presentation (slower than real time)? Skip to frames still in the future.
-
-        Frames already presented without their face are not rendered any more, nor the ones
-        that will be presented before this batch can be done. Features of the skipped frames
-        are computed and dropped (the encoder costs the same for any count); their UNet and
-        VAE work is saved.
-        """
-        segment_id, presented = self._mark
-        if segment_id != segment.segment_id or presented <= segment.taken:
-            return
-        ahead = min(self._fps, 1 + int(self.runtime.batch_ms / 1000 * self._fps))
-        skip = min(presented + ahead - segment.taken, segment.stream.computable())
-        if skip > 0:
-            segment.stream.take(skip)
-            segment.taken += skip
-
-    def deliver(self, request: RenderRequest, faces: torch.Tensor, times: StageTimes) -> None:
-        token = request.token
-        assert isinstance(token, _Token)
-        images = self.runtime.blend(faces, token.cycle)
-        self.last_times = times
-        sink = getattr(self, "_sink", None)
-        if sink is not None:
-            sink.extend(images)
-        elif self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the call's loop is gone: nobody waits
-                self._loop.call_soon_threadsafe(
-                    self._arrive, token.generation, token.segment_id, token.first, images
-                )
-
-    def fail(self, exc: BaseException) -> None:
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._failed, exc)

@@ -265,7 +265,7 @@ async def test_engine_interface_and_pairs(runtime: MuseTalkRuntime) -> None:
 async def test_two_calls_batched_together_get_their_own_frames(runtime: MuseTalkRuntime) -> None:
     """Two calls speak at once; the worker batches them, each gets exactly its own faces."""
     loud, other = tone(0.6, 150, seed=1), tone(0.6, 400, seed=2)
-    alone = [MuseTalkEngine(runtime).render_now(p) for p in (loud, other)]
+    alone = [runtime.render_now(p) for p in (loud, other)]
     batches_before = len(runtime.worker.stats.batch_sizes)
     a = MuseTalkEngine(runtime, frame_wait=30.0, start_wait=30.0)
     b = MuseTalkEngine(runtime, frame_wait=30.0, start_wait=30.0)
