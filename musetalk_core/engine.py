@@ -301,7 +301,7 @@ class MuseTalkEngine:
         waited_since: float | None = None
         while not self._closed:
             if self._failure is not None:
-                raise EngineError("MuseTalk inference failed") from self._failure
+                raise EngineError(f"MuseTalk inference failed: {self._failure}") from self._failure
             key = self._speech.peek()
             if key is None:
                 waited_since = None

@@ -1,0 +1,146 @@
+"""One engine process renders for several media workers: their calls share its batches, the
+frames come back through shared memory, and a dead engine process fails the calls' engines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from musetalk_core.engine import MuseTalkEngine, MuseTalkRuntime
+from musetalk_core.engine_client import EngineClient
+from musetalk_core.loading import load_musetalk
+from musetalk_core.tiny import build_random_weights
+from musetalk_core.types import EngineError
+from musetalk_core.warp_avatar import builtin_portrait
+from tests.test_musetalk_engine import speak, tone
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_weights(tmp_path_factory.mktemp("engine-weights") / "musetalk")
+
+
+@pytest.fixture(scope="module")
+def material_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine-material")
+
+
+def _start(weights: Path, cache: Path, socket: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "musetalk_core.engine_server",
+            "--socket",
+            str(socket),
+            "--weights-dir",
+            str(weights),
+            "--cache-dir",
+            str(cache),
+            "--device",
+            "cpu",
+            "--batch",
+            "8",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()  # blocks until the models are warm (or it died)
+    assert line.strip() == "ready", f"engine process said {line!r}, exit {process.poll()}"
+    return process
+
+
+@pytest.fixture
+def engine_process(weights: Path, material_cache: Path, tmp_path: Path) -> Iterator[Path]:
+    socket = tmp_path / "engine.sock"
+    process = _start(weights, material_cache, socket)
+    try:
+        yield socket
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def local(weights: Path, material_cache: Path) -> Iterator[MuseTalkRuntime]:
+    """The same release and avatar in this process: the frames a call renders alone."""
+    loaded = load_musetalk(weights, builtin_portrait(), cache_dir=material_cache, device="cpu")
+    runtime = loaded.runtime(max_batch=8)
+    yield runtime
+    runtime.close()
+
+
+async def test_two_workers_calls_share_batches_and_get_their_own_frames(
+    engine_process: Path, local: MuseTalkRuntime
+) -> None:
+    before = _shm()
+    async with asyncio.timeout(30):
+        first = await EngineClient.connect(engine_process)
+        second = await EngineClient.connect(engine_process)
+    a = MuseTalkEngine(first, frame_wait=30.0, start_wait=30.0)
+    b = MuseTalkEngine(second, frame_wait=30.0, start_wait=30.0)
+    assert a.frame_size == local.frame_size and a.fps == 25 and a.latency > 0.12
+    idle = first.idle_frames
+    assert len(idle) == len(local.avatar.frames)
+    assert all(np.array_equal(x, y) for x, y in zip(idle, local.avatar.frames, strict=True))
+    loud, other = tone(0.6, 150, seed=1), tone(0.6, 400, seed=2)
+    got_a, got_b = await asyncio.gather(speak(a, loud, 7), speak(b, other, 7))
+    assert a.degraded_frames == b.degraded_frames == 0
+    stats = await first.stats()
+    assert stats["workers"] == 2 and stats["calls"] == 2
+    assert stats["mixed_batches"] >= 1, stats  # frames of both workers in one batch
+    assert stats["dropped_frames"] == 0
+    x1, y1, x2, y2 = local.avatar.face_boxes[0]
+    for got, pcm in ((got_a, loud), (got_b, other)):
+        alone = local.render_now(pcm)
+        assert len(got) == len(alone)
+        for frame, own in zip(got, alone, strict=True):
+            face = frame.image[y1:y2, x1:x2].astype(int)
+            assert np.abs(face - own[y1:y2, x1:x2]).max() <= 1
+    await a.aclose()
+    await b.aclose()
+    assert (await first.stats())["calls"] == 0
+    await first.aclose()
+    await second.aclose()
+    assert _shm() <= before, "shared memory left behind"
+
+
+async def test_a_dead_engine_process_fails_its_calls(
+    weights: Path, material_cache: Path, tmp_path: Path
+) -> None:
+    before = _shm()
+    socket = tmp_path / "engine.sock"
+    process = _start(weights, material_cache, socket)
+    try:
+        async with asyncio.timeout(30):
+            client = await EngineClient.connect(socket)
+        engine = MuseTalkEngine(client, frame_wait=30.0, start_wait=30.0)
+        frames = engine.frames()
+        assert not (await anext(frames)).speaking
+        process.kill()
+        with pytest.raises(EngineError, match="engine process is gone"):
+            async with asyncio.timeout(10):
+                while True:
+                    await anext(frames)
+        await client.aclose()
+    finally:
+        process.kill()
+        process.wait(30)
+    assert _shm() <= before, "shared memory left behind"
