@@ -26,7 +26,7 @@ from .engine_protocol import Kind, pack, read_message
 from .frame_ring import FrameRing
 from .types import EngineError
 
-__all__ = ["EngineClient"]
+__all__ = ["EngineClient", "EngineConnection"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,10 +111,13 @@ class EngineClient:
         return await asyncio.wait_for(self._stats, 10)
 
     async def aclose(self) -> None:
-        self._writer.close()
-        self._task.cancel()
+        self.close()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+    def close(self) -> None:
+        self._writer.close()
+        self._task.cancel()
         self._ring.close()
         self._avatar.close()
 
@@ -153,6 +156,51 @@ class EngineClient:
                 failed(gone)
             if self._stats is not None and not self._stats.done():
                 self._stats.set_exception(gone)
+
+
+class EngineConnection:
+    """Keeps one :class:`EngineClient` connected to the engine process at ``path``: made on the
+    event loop by :meth:`start`, and made again whenever the engine process went away (it is
+    restarted by whoever started it). :attr:`client` is None while there is none."""
+
+    RETRY_S = 1.0
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.client: EngineClient | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+
+    @property
+    def usable(self) -> EngineClient | None:
+        client = self.client
+        return client if client is not None and not client.closed else None
+
+    async def start(self, wait_s: float) -> bool:
+        """Start connecting; True once connected within ``wait_s`` seconds."""
+        self._task = asyncio.get_running_loop().create_task(self._keep())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await self._connected.wait()
+        return self.usable is not None
+
+    async def _keep(self) -> None:
+        while True:
+            if self.usable is None:
+                try:
+                    async with asyncio.timeout(10):
+                        self.client = await EngineClient.connect(self.path)
+                    logger.info("connected to the MuseTalk engine process at %s", self.path)
+                    self._connected.set()
+                except (OSError, TimeoutError, EngineError, asyncio.IncompleteReadError):
+                    pass
+            await asyncio.sleep(self.RETRY_S)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.client is not None:
+            self.client.close()
 
 
 class _RemoteChannel:

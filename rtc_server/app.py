@@ -96,7 +96,10 @@ class SessionManager:
             self.executor, load_providers, self.config, http, self.executor
         )
         vad = await loop.run_in_executor(self.executor, SileroModel.shared)
-        self.engine_factory = await loop.run_in_executor(self.executor, engine_loader)
+        factory = await loop.run_in_executor(self.executor, engine_loader)
+        if factory.start is not None:
+            await factory.start()
+        self.engine_factory = factory
         self.choices = chosen.choices
         self.providers = Providers(
             tts=chosen.tts, llm=chosen.llm, stt=chosen.stt, vad=vad, fallback_tts=chosen.local_tts

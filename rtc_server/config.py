@@ -153,6 +153,9 @@ class EngineSettings:
     """Largest MuseTalk batch, shared by all calls."""
     musetalk_compile: bool = False
     """torch.compile the UNet and VAE decoder (slow start, faster steady state on CUDA)."""
+    musetalk_engine_socket: Path | None = None
+    """Set by the front for its media workers: the socket of the MuseTalk engine process
+    their calls render in, batched with every other worker's (rtc_server/workers/engines.py)."""
 
     def __post_init__(self) -> None:
         if self.name not in ENGINES:

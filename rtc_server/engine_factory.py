@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,9 @@ class EngineFactory:
     """Releases what the engine holds for the process (MuseTalk's worker thread)."""
     fallback: Callable[[], LipSyncEngine] | None = None
     """Makes the engine that takes a call over when this one fails mid-call (MuseTalk: warp)."""
+    start: Callable[[], Awaitable[None]] | None = None
+    """Run once on the server's event loop before the first call (a media worker connects to
+    the MuseTalk engine process)."""
 
 
 def load_engine_factory(config: ServerConfig) -> EngineFactory:
@@ -61,6 +64,13 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
         reason = "engine 'warp' requested"
     else:
         use, reason = musetalk_choice(config)
+        if use and config.engine.musetalk_engine_socket is not None:
+            return _remote_musetalk(
+                config.engine.musetalk_engine_socket,
+                reason,
+                avatar.mouth_box,
+                lambda: WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
+            )
         if use:
             try:
                 return _load_musetalk(
@@ -150,6 +160,42 @@ def _load_musetalk(
         mouth_box=mouth_box,
         close=runtime.close,
         fallback=fallback,
+    )
+
+
+ENGINE_CONNECT_S = 120.0
+"""How long a media worker waits at start-up for the engine process (its models load first)."""
+
+
+def _remote_musetalk(
+    socket: Path,
+    reason: str,
+    mouth_box: tuple[int, int, int, int],
+    fallback: Callable[[], LipSyncEngine],
+) -> EngineFactory:
+    """MuseTalk rendered in the engine process at ``socket``; a call placed while it is away
+    (not started yet, restarting) gets the CPU engine."""
+    from musetalk_core.engine import MuseTalkEngine
+    from musetalk_core.engine_client import EngineConnection
+
+    connection = EngineConnection(socket)
+
+    async def start() -> None:
+        if not await connection.start(ENGINE_CONNECT_S):
+            logger.error("no MuseTalk engine process at %s yet; calls use 'warp'", socket)
+
+    def create() -> LipSyncEngine:
+        client = connection.usable
+        return MuseTalkEngine(client) if client is not None else fallback()
+
+    return EngineFactory(
+        "musetalk",
+        f"{reason}; rendered in the engine process at {socket}",
+        create,
+        mouth_box=mouth_box,
+        close=connection.close,
+        fallback=fallback,
+        start=start,
     )
 
 

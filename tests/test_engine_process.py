@@ -4,12 +4,15 @@ frames come back through shared memory, and a dead engine process fails the call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -144,3 +147,86 @@ async def test_a_dead_engine_process_fails_its_calls(
         process.kill()
         process.wait(30)
     assert _shm() <= before, "shared memory left behind"
+
+
+def _engine_sockets(front_pid: int) -> dict[int, Path]:
+    """The front's engine processes: pid -> the socket it serves (from its command line)."""
+    found = {}
+    for pid in _children_of(front_pid):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"musetalk_core.engine_server" in argv:
+                found[pid] = Path(argv[argv.index(b"--socket") + 1].decode())
+    return found
+
+
+def _children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+async def _engine_stats(socket: Path) -> dict[str, Any]:
+    async with asyncio.timeout(30):
+        client = await EngineClient.connect(socket)
+    try:
+        return await client.stats()
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.timeout(420)
+async def test_a_front_with_two_workers_renders_every_call_in_one_engine_process(
+    weights: Path, tmp_path: Path
+) -> None:
+    from tests.test_workers import _connect, _spawn_front, _stop
+
+    log = tmp_path / "front.log"
+    url, front = await _spawn_front(
+        log,
+        "--engine",
+        "musetalk",
+        "--musetalk-device",
+        "cpu",
+        "--musetalk-batch",
+        "8",
+        "--weights-dir",
+        str(weights),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    )
+    callers = []
+    try:
+        (pid, socket), *more = _engine_sockets(front.pid).items()
+        assert not more, "one engine process for one device"
+        callers = [await _connect(url) for _ in range(2)]
+        stats = await _engine_stats(socket)
+        assert stats["workers"] == 3 and stats["calls"] == 2, stats  # two workers and this test
+        text = "Both calls speak at the same time, so their frames share one batch."
+        await asyncio.gather(*(c.say(text) for c in callers))
+        await asyncio.gather(*(c.wait_state("speaking", 60) for c in callers))
+        deadline = time.monotonic() + 120
+        while (stats := await _engine_stats(socket))["mixed_batches"] < 1:
+            assert time.monotonic() < deadline, f"no batch held both workers' frames: {stats}"
+            await asyncio.sleep(0.5)
+        # The engine process dies: the calls go on (the CPU engine takes them over), it is
+        # started again, and the workers connect to the new one.
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 180
+        while True:
+            restarted = {p: s for p, s in _engine_sockets(front.pid).items() if p != pid}
+            if restarted:
+                with contextlib.suppress(OSError, TimeoutError, EngineError):
+                    if (await _engine_stats(next(iter(restarted.values()))))["workers"] >= 3:
+                        break
+            assert time.monotonic() < deadline, f"no engine process came back:\n{log.read_text()}"
+            await asyncio.sleep(1.0)
+        assert all(c.pc.connectionState == "connected" for c in callers)
+        assert "MuseTalk engine process on cpu died" in log.read_text()
+    finally:
+        for caller in callers:
+            await caller.close()
+        await _stop(front)
+    assert not _engine_sockets(front.pid)

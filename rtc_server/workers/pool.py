@@ -22,6 +22,7 @@ import sys
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rtc_server.config import ServerConfig
 from rtc_server.headroom import Headroom
+from rtc_server.workers.engines import EngineProcesses, engine_devices
 from rtc_server.workers.protocol import STATUS_PATH, STATUS_SECRET, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -136,6 +138,9 @@ class WorkerPool:
         self.draining = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = 0
+        devices = engine_devices(config) if count > 1 else []
+        self.engines = EngineProcesses(config, devices, self.socket_dir) if devices else None
+        """MuseTalk's engine processes, one per GPU, when the workers render with MuseTalk."""
 
     # -- start-up
 
@@ -143,6 +148,8 @@ class WorkerPool:
         """Start worker 0 and wait until it serves HTTP (its portrait and settings are good,
         its models load in the background); its exit code if it stopped instead."""
         worker = self.workers[0]
+        if self.engines is not None:
+            self.engines.start()  # its models load while the workers start
         await self._spawn(worker)
         assert worker.process is not None
         while worker.status is None:
@@ -175,8 +182,12 @@ class WorkerPool:
     async def _spawn(self, worker: Worker) -> None:
         # Each worker judges its own headroom against its share of the machine's cores.
         cpu_limit = self.config.server.cpu_limit or Headroom.default_cpu_limit(len(self.workers))
+        engine = self.engines.socket_for(worker.index) if self.engines is not None else None
         spec = WorkerSpec(
-            self.config.replace(cpu_limit=cpu_limit),
+            self.config.replace(
+                cpu_limit=cpu_limit,
+                musetalk_engine_socket=None if engine is None else Path(engine),
+            ),
             worker.socket_path,
             worker.index,
             os.getpid(),
@@ -396,6 +407,8 @@ class WorkerPool:
                             worker.process.kill()
                 deadline = loop.time() + KILL_AFTER_DRAIN_S
             await asyncio.sleep(0.1)
+        if self.engines is not None:
+            await self.engines.stop()  # after the workers: their calls rendered there
         await asyncio.sleep(0.2)  # the relays print the workers' last lines
 
     async def close(self) -> None:
@@ -408,6 +421,8 @@ class WorkerPool:
             if worker.http is not None:
                 await worker.http.close()
                 worker.http = None
+        if self.engines is not None:
+            await self.engines.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
