@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .engine import MuseTalkRuntime
 from .engine_protocol import Kind, pack, read_message
 from .frame_ring import FrameRing, SlotsExhausted
 from .render_side import RenderSide
+from .runtime import MuseTalkRuntime
 
 __all__ = ["EngineServer", "main"]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .engine import MuseTalkRuntime
 from .models import MuseTalkModels, Placement, load_models, resolve_placement
 from .musetalk_avatar import MuseTalkAvatar, ProgressFn, prepare_musetalk_avatar
+from .runtime import MuseTalkRuntime
 from .weights import weights_id
 
 

@@ -5,7 +5,7 @@ operations (``start``, ``audio``, ``end``, ``clear``, queued from any thread), t
 speech into whisper features, hands the worker the next frames' features with the avatar
 latents to pair them with, blends the faces the worker renders into the avatar frames and
 publishes them. Where they go is the caller's choice: back to the call's event loop in this
-process (:meth:`~musetalk_core.engine.MuseTalkRuntime.open`), or into shared memory for a call
+process (:meth:`~musetalk_core.runtime.MuseTalkRuntime.open`), or into shared memory for a call
 in a media worker process (:mod:`musetalk_core.engine_server`).
 """
 
@@ -26,7 +26,7 @@ from .inference import StageTimes, infer_batch
 from .worker import RenderRequest
 
 if TYPE_CHECKING:
-    from .engine import MuseTalkRuntime
+    from .runtime import MuseTalkRuntime
 
 __all__ = ["Publish", "RenderSide", "render_now"]
 

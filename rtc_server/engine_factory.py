@@ -63,14 +63,15 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
     if config.engine.name == "warp":
         reason = "engine 'warp' requested"
     else:
-        use, reason = musetalk_choice(config)
-        if use and config.engine.musetalk_engine_socket is not None:
+        if config.engine.musetalk_engine_socket is not None:
+            # The front chose MuseTalk and runs it: this worker loads no model (nor torch).
             return _remote_musetalk(
                 config.engine.musetalk_engine_socket,
-                reason,
+                "the front's MuseTalk engine process",
                 avatar.mouth_box,
                 lambda: WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
             )
+        use, reason = musetalk_choice(config)
         if use:
             try:
                 return _load_musetalk(

@@ -92,8 +92,8 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option(
         "workers",
         "server",
-        "media worker processes behind one HTTP front, each loading its own models "
-        "(0: one per core; 1: a single process, no front)",
+        "media worker processes behind one HTTP front, each loading its own speech models, "
+        "MuseTalk in one engine process per GPU (0: one per core; 1: a single process, no front)",
         int,
         0,
         in_config=False,

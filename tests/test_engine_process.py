@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from musetalk_core.engine import MuseTalkEngine, MuseTalkRuntime
+from musetalk_core.engine import MuseTalkEngine
 from musetalk_core.engine_client import EngineClient
 from musetalk_core.loading import load_musetalk
+from musetalk_core.runtime import MuseTalkRuntime
 from musetalk_core.tiny import build_random_weights
 from musetalk_core.types import EngineError
 from musetalk_core.warp_avatar import builtin_portrait

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from musetalk_core.engine import MuseTalkEngine, MuseTalkRuntime
+from musetalk_core.engine import MuseTalkEngine
 from musetalk_core.inference import StageTimes, decode_faces, infer_batch, predict_latents
 from musetalk_core.models import PositionalEncoding, load_models, resolve_placement
 from musetalk_core.musetalk_avatar import prepare_musetalk_avatar
+from musetalk_core.runtime import MuseTalkRuntime
 from musetalk_core.tiny import UNET_FULL, build_random_weights
 from musetalk_core.types import AudioChunk, LipSyncEngine
 from musetalk_core.warp_avatar import builtin_portrait
