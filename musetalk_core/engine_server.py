@@ -195,6 +195,8 @@ class EngineServer:
             self.dropped_frames += len(images)
             logger.warning("media worker %d holds every frame slot; frames dropped", worker.number)
             return
+        if not slots:
+            return  # the worker went away meanwhile
         header = {"call": call, "generation": generation, "segment": segment, "first": first}
         self._send(worker, pack(Kind.FACES, {**header, "slots": slots}))
 

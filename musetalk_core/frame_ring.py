@@ -35,6 +35,7 @@ class FrameRing:
         self._array: U8 = np.ndarray((slots, *self.shape), np.uint8, memory.buf)
         self._free = list(range(slots))
         self._changed = threading.Condition()
+        self._closed = False
 
     @classmethod
     def create(cls, slots: int, shape: tuple[int, ...]) -> FrameRing:
@@ -53,13 +54,20 @@ class FrameRing:
 
     def put(self, images: list[U8], timeout: float) -> list[int]:
         """Write ``images`` into free slots and return their numbers; waits up to ``timeout``
-        for slots to come back (raises :class:`SlotsExhausted`)."""
+        for slots to come back (raises :class:`SlotsExhausted`). A closed ring takes nothing
+        and returns no slots."""
         with self._changed:
-            if not self._changed.wait_for(lambda: len(self._free) >= len(images), timeout):
+            enough = self._changed.wait_for(
+                lambda: self._closed or len(self._free) >= len(images), timeout
+            )
+            if self._closed:
+                return []
+            if not enough:
                 raise SlotsExhausted(f"{len(images)} frames waited {timeout} s for a free slot")
             taken = [self._free.pop() for _ in images]
-        for slot, image in zip(taken, images, strict=True):
-            self._array[slot] = image
+            # Written under the lock: close() cannot unmap the memory halfway through.
+            for slot, image in zip(taken, images, strict=True):
+                self._array[slot] = image
         return taken
 
     def fill(self, images: list[U8]) -> None:
@@ -95,7 +103,10 @@ class FrameRing:
             pass
 
     def close(self) -> None:
-        self._array = np.zeros((0,), np.uint8)
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+            self._array = np.zeros((0, *self.shape), np.uint8)
         try:
             self._memory.close()
         except BufferError:  # a view still in use: the mapping goes with the process

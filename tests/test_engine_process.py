@@ -19,12 +19,14 @@ import pytest
 
 from musetalk_core.engine import MuseTalkEngine
 from musetalk_core.engine_client import EngineClient
+from musetalk_core.frame_ring import FrameRing, SlotsExhausted
 from musetalk_core.loading import load_musetalk
 from musetalk_core.runtime import MuseTalkRuntime
 from musetalk_core.tiny import build_random_weights
 from musetalk_core.types import EngineError
 from musetalk_core.warp_avatar import builtin_portrait
 from tests.test_musetalk_engine import speak, tone
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +149,9 @@ async def test_a_dead_engine_process_fails_its_calls(
     finally:
         process.kill()
         process.wait(30)
-    assert _shm() <= before, "shared memory left behind"
+    # Killed, it could not unlink its avatar segment: its resource tracker does, once it sees
+    # the process gone (the worker ring's name was unlinked as soon as both sides had it).
+    await wait_until(lambda: _shm() <= before, 10, lambda: f"left behind: {_shm() - before}")
 
 
 def _engine_sockets(front_pid: int) -> dict[int, Path]:
@@ -182,7 +186,7 @@ async def _engine_stats(socket: Path) -> dict[str, Any]:
 async def test_a_front_with_two_workers_renders_every_call_in_one_engine_process(
     weights: Path, tmp_path: Path
 ) -> None:
-    from tests.test_workers import _connect, _spawn_front, _stop
+    from tests.test_workers import _connect, _metric, _spawn_front, _stop
 
     log = tmp_path / "front.log"
     url, front = await _spawn_front(
@@ -226,8 +230,27 @@ async def test_a_front_with_two_workers_renders_every_call_in_one_engine_process
             await asyncio.sleep(1.0)
         assert all(c.pc.connectionState == "connected" for c in callers)
         assert "MuseTalk engine process on cpu died" in log.read_text()
+        assert (await _metric(url, "avatar_rtc_engine_restarts_total")) == {"": 1.0}
     finally:
         for caller in callers:
             await caller.close()
         await _stop(front)
     assert not _engine_sockets(front.pid)
+
+
+def test_frame_ring_slots_go_round_and_a_closed_ring_takes_nothing() -> None:
+    ring = FrameRing.create(2, (4, 4, 3))
+    try:
+        reader = FrameRing.attach(ring.name, 2, (4, 4, 3))
+        ring.unlink()  # both have it mapped: the name can go
+        images = [np.full((4, 4, 3), v, np.uint8) for v in (7, 9)]
+        slots = ring.put(images, timeout=0)
+        assert [int(reader.copy(s)[0, 0, 0]) for s in slots] == [7, 9]
+        with pytest.raises(SlotsExhausted):
+            ring.put(images[:1], timeout=0.05)  # both slots still held by the reader
+        ring.release(slots[:1])
+        assert ring.put(images[1:], timeout=0) == slots[:1]
+        reader.close()
+    finally:
+        ring.close()
+    assert ring.put(images, timeout=1) == []

@@ -8,6 +8,7 @@ speaks the apology when a cloud TTS fails.
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -104,7 +105,9 @@ def load_providers(
         try:
             from rtc_server.providers.whisper_stt import WhisperSTT
 
-            stt = WhisperSTT.load(executor)
+            # As many turns transcribed at once as this process has cores to run them.
+            cores = config.server.cpu_limit or len(os.sched_getaffinity(0))
+            stt = WhisperSTT.load(executor, parallel=max(1, min(4, round(cores))))
         except RuntimeError as exc:
             stt = None
             stt_choice = Choice("stt", "none", f"{exc}; calls take typed turns only")

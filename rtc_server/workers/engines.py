@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rtc_server.config import ServerConfig
@@ -53,8 +54,16 @@ class _Engine:
 class EngineProcesses:
     """Starts, restarts and stops the engine processes; see the module docstring."""
 
-    def __init__(self, config: ServerConfig, devices: list[str], socket_dir: str) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        devices: list[str],
+        socket_dir: str,
+        *,
+        on_restart: Callable[[], None] | None = None,
+    ) -> None:
         self.config = config
+        self._on_restart = on_restart
         self.engines = [
             _Engine(d, os.path.join(socket_dir, f"engine-{i}.sock")) for i, d in enumerate(devices)
         ]
@@ -105,6 +114,8 @@ class EngineProcesses:
             if self._stopping:
                 return
             self.restarts += 1
+            if self._on_restart is not None:
+                self._on_restart()
             logger.error(
                 "MuseTalk engine process on %s died (%s); restarting in %.0f s",
                 engine.device,

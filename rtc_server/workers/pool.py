@@ -115,6 +115,11 @@ class FrontMetrics:
         self.workers_ready = Gauge(
             "avatar_rtc_workers_ready", "Worker processes ready for calls.", registry=self.registry
         )
+        self.engine_restarts = Counter(
+            "avatar_rtc_engine_restarts",
+            "MuseTalk engine processes that died and were started again.",
+            registry=self.registry,
+        )
         self.hangs = Counter(
             "avatar_rtc_worker_hangs",
             f"Workers killed for answering no status poll for {HUNG_AFTER_S:.0f} s.",
@@ -139,7 +144,13 @@ class WorkerPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = 0
         devices = engine_devices(config) if count > 1 else []
-        self.engines = EngineProcesses(config, devices, self.socket_dir) if devices else None
+        self.engines = (
+            EngineProcesses(
+                config, devices, self.socket_dir, on_restart=self.metrics.engine_restarts.inc
+            )
+            if devices
+            else None
+        )
         """MuseTalk's engine processes, one per GPU, when the workers render with MuseTalk."""
 
     # -- start-up
