@@ -23,6 +23,10 @@ from rtc_server.config import ServerConfig
 logger = logging.getLogger(__name__)
 
 RESTART_S = 2.0
+"""The wait before an engine process that died is started again; it doubles while it keeps
+dying within LIVED_LONG_S of its start (bad weights, a GPU gone), up to MAX_RESTART_S."""
+LIVED_LONG_S = 60.0
+MAX_RESTART_S = 60.0
 STOP_S = 30.0
 
 
@@ -98,7 +102,10 @@ class EngineProcesses:
             args += ["--avatar", str(e.avatar)]
         if e.musetalk_compile:
             args.append("--compile")
+        loop = asyncio.get_running_loop()
+        young_deaths = 0
         while not self._stopping:
+            started = loop.time()
             engine.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -116,13 +123,15 @@ class EngineProcesses:
             self.restarts += 1
             if self._on_restart is not None:
                 self._on_restart()
+            young_deaths = young_deaths + 1 if loop.time() - started < LIVED_LONG_S else 0
+            delay = min(MAX_RESTART_S, RESTART_S * 2 ** max(0, young_deaths - 1))
             logger.error(
                 "MuseTalk engine process on %s died (%s); restarting in %.0f s",
                 engine.device,
                 code,
-                RESTART_S,
+                delay,
             )
-            await asyncio.sleep(RESTART_S)
+            await asyncio.sleep(delay)
 
     async def stop(self) -> None:
         self._stopping = True
