@@ -26,6 +26,7 @@ from musetalk_core.tiny import build_random_weights
 from musetalk_core.types import EngineError
 from musetalk_core.warp_avatar import builtin_portrait
 from tests.test_musetalk_engine import speak, tone
+from tests.test_workers import _children
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,19 +163,11 @@ async def test_a_dead_engine_process_fails_its_calls(
 def _engine_sockets(front_pid: int) -> dict[int, Path]:
     """The front's engine processes: pid -> the socket it serves (from its command line)."""
     found = {}
-    for pid in _children_of(front_pid):
+    for pid in _children(front_pid):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if b"musetalk_core.engine_server" in argv:
                 found[pid] = Path(argv[argv.index(b"--socket") + 1].decode())
-    return found
-
-
-def _children_of(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            found += [int(c) for c in (task / "children").read_text().split()]
     return found
 
 
