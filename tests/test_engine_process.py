@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from musetalk_core.types import EngineError
 from musetalk_core.warp_avatar import builtin_portrait
 from tests.test_musetalk_engine import speak, tone
 from tests.test_workers import _children
-from tests.waiting import wait_until
+from tests.waiting import probe_until, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,10 +124,7 @@ async def test_two_workers_calls_share_batches_and_get_their_own_frames(
     await b.aclose()
     # Each call's close went over its own worker's connection: the engine may read this
     # request before the other worker's close.
-    deadline = time.monotonic() + 10
-    while (await first.stats())["calls"]:
-        assert time.monotonic() < deadline, "the engine kept a closed call"
-        await asyncio.sleep(0.1)
+    await probe_until(first.stats, lambda st: st["calls"] == 0, 10, "the closed calls closed", 0.1)
     await first.aclose()
     await second.aclose()
     assert _shm() <= before, "shared memory left behind"
@@ -206,30 +202,36 @@ async def test_a_front_with_two_workers_renders_every_call_in_one_engine_process
         assert not more, "one engine process for one device"
         callers = [await _connect(url) for _ in range(2)]
         # Two workers and this test's own connection; each call opened its line to the engine.
-        deadline = time.monotonic() + 30
-        while (stats := await _engine_stats(socket))["calls"] < 2:
-            assert time.monotonic() < deadline, stats
-            await asyncio.sleep(0.5)
+        stats = await probe_until(
+            lambda: _engine_stats(socket), lambda st: st["calls"] >= 2, 30, "two calls opened"
+        )
         assert stats["workers"] == 3 and stats["calls"] == 2, stats
         text = "Both calls speak at the same time, so their frames share one batch."
         await asyncio.gather(*(c.say(text) for c in callers))
         await asyncio.gather(*(c.wait_state("speaking", 60) for c in callers))
-        deadline = time.monotonic() + 120
-        while (stats := await _engine_stats(socket))["mixed_batches"] < 1:
-            assert time.monotonic() < deadline, f"no batch held both workers' frames: {stats}"
-            await asyncio.sleep(0.5)
+        await probe_until(
+            lambda: _engine_stats(socket),
+            lambda st: st["mixed_batches"] >= 1,
+            120,
+            "a batch holding both workers' frames",
+        )
         # The engine process dies: the calls go on (the CPU engine takes them over), it is
         # started again, and the workers connect to the new one.
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 180
-        while True:
-            restarted = {p: s for p, s in _engine_sockets(front.pid).items() if p != pid}
-            if restarted:
-                with contextlib.suppress(OSError, TimeoutError, EngineError):
-                    if (await _engine_stats(next(iter(restarted.values()))))["workers"] >= 3:
-                        break
-            assert time.monotonic() < deadline, f"no engine process came back:\n{log.read_text()}"
-            await asyncio.sleep(1.0)
+
+        async def new_engine_workers() -> int:
+            restarted = [s for p, s in _engine_sockets(front.pid).items() if p != pid]
+            with contextlib.suppress(OSError, TimeoutError, EngineError):
+                return int((await _engine_stats(restarted[0]))["workers"]) if restarted else 0
+            return 0
+
+        await probe_until(
+            new_engine_workers,
+            lambda workers: workers >= 3,
+            180,
+            lambda: f"the engine process back, both workers on it:\n{log.read_text()}",
+            1.0,
+        )
         assert all(c.pc.connectionState == "connected" for c in callers)
         assert "MuseTalk engine process on cpu died" in log.read_text()
         assert (await _metric(url, "avatar_rtc_engine_restarts_total")) == {"": 1.0}

@@ -7,7 +7,10 @@ should come true is given its time, and only one that never does fails.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 POLL_S = 0.02
 
@@ -31,6 +34,28 @@ async def wait_until(
     if not await holds_within(condition, timeout):
         message = what() if callable(what) else what
         raise AssertionError(f"not within {timeout:.0f} s: {message or 'the condition'}")
+
+
+async def probe_until(
+    probe: Callable[[], Awaitable[T]],
+    done: Callable[[T], object],
+    timeout: float,
+    what: str | Callable[[], str] = "",
+    every: float = 0.5,
+) -> T:
+    """Await ``probe()`` every ``every`` seconds until ``done(result)``; return that result.
+    For conditions that take a request to read (a process's stats); fails like
+    :func:`wait_until`, with the last result in the message."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not done(result := await probe()):
+        if loop.time() >= deadline:
+            message = what() if callable(what) else what
+            raise AssertionError(
+                f"not within {timeout:.0f} s: {message or 'the condition'}; {result}"
+            )
+        await asyncio.sleep(every)
+    return result
 
 
 async def wait_for_video(client: object, frames: int, timeout: float = 15.0) -> None:
