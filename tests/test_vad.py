@@ -113,3 +113,50 @@ def test_pause_shorter_than_the_hangover_keeps_one_utterance(model: SileroModel)
     assert isinstance(end, SpeechEnd)
     assert not any(isinstance(e, SpeechResume) for e in events[events.index(last_pause) :])
     assert len(last_pause.audio) / RATE >= end.at - 1.0 - 0.2
+
+
+class CountingModel(SileroModel):
+    """The real model, counting the chunks it is asked about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = 0
+
+    def run(self, x: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+        self.runs += 1
+        return super().run(x, state)
+
+
+@pytest.mark.parametrize("floor", ["zeros", "dither"])
+def test_a_silent_microphone_costs_no_model_run_and_speech_after_it_is_found(floor: str) -> None:
+    """Chunks within -60 dBFS of zero are silence without the model; speech after them is
+    found where it is after a noisy floor."""
+    model = CountingModel()
+    rng = np.random.default_rng(5)
+    quiet = (
+        np.zeros(2 * RATE, np.int16)
+        if floor == "zeros"
+        else rng.integers(-20, 21, 2 * RATE).astype(np.int16)
+    )
+    speech = _speech("What is the capital of Italy?")
+    vad = VADStream(model, VADParams(hangover_ms=500))
+    assert vad.feed(quiet) == []
+    assert model.runs == 0
+    start, end = _voiced_span(speech)
+    events = vad.feed(np.concatenate([speech, quiet]))
+    starts = [e.at for e in events if isinstance(e, SpeechStart)]
+    ends = [e.at for e in events if isinstance(e, SpeechEnd)]
+    assert len(starts) == len(ends) == 1, events
+    assert abs(starts[0] - (2.0 + start)) <= 0.1
+    assert abs(ends[0] - (2.0 + end)) <= 0.1
+    # The model heard the speech, not the silence around it.
+    voiced_chunks = len(speech) // 512 + 1
+    assert 0.5 * voiced_chunks <= model.runs <= voiced_chunks + 1
+
+
+def test_a_full_scale_chunk_is_never_taken_for_silence() -> None:
+    model = CountingModel()
+    vad = VADStream(model)
+    vad.feed(np.full(512, -32768, np.int16))
+    vad.feed(np.full(512, 33, np.int16))
+    assert model.runs == 2
