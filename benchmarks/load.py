@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import aiohttp
 import numpy as np
 
 from benchmarks.analysis import PLAYOUT_DELAY_S, Hole, reply_audio, voiced_span
@@ -39,6 +40,9 @@ alone (the voice varies its pauses by tens of ms from one reading to the next)."
 SAMPLE_S = 0.25
 """How often the server's CPU time is read during the turns."""
 TURNS = ("simultaneous", "staggered")
+VIDEO_CLOCK_HZ = 90_000
+FRAME_MS = 40.0
+"""The server's frame interval (25 fps): an RTP gap of two of these is one frame skipped."""
 
 
 @dataclass
@@ -238,18 +242,35 @@ def _answer_json(a: Answer, ref: Reference | None) -> dict[str, Any]:
     }
 
 
+def skipped_frames(sent_ms: np.ndarray) -> int:
+    """Frame instants the server sent nothing for, from the RTP intervals of its frames."""
+    gaps = np.round(np.asarray(sent_ms, np.float64) / FRAME_MS) - 1
+    return int(gaps[gaps > 0].sum())
+
+
 def summarize_step(
     calls: int,
     answers: list[Answer],
     intervals: list[np.ndarray],
     ref: Reference,
     cpu: dict[str, float | None],
+    sent: list[np.ndarray] | None = None,
+    server_late: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """One row of the table: per-call figures, the step's worst, and whether it was smooth."""
+    """One row of the table: per-call figures, the step's worst, and whether it was smooth.
+
+    ``intervals`` are the frames' arrival intervals (what a viewer receives: the server, the
+    network and the caller's own machine); ``sent`` their RTP intervals, which only the server
+    decides (a frame it skipped is a gap of two frames whenever it arrives). ``server_late``:
+    the server's own count of instants it held or dropped during the step.
+    """
+    sent = sent if sent is not None else [np.zeros(0) for _ in intervals]
     callers = []
-    for a, iv in zip(answers, intervals, strict=True):
+    for a, iv, sv in zip(answers, intervals, sent, strict=True):
         row = _answer_json(a, ref)
         row["frame_interval_ms"] = summary(iv.tolist())
+        row["sent_interval_ms"] = summary(sv.tolist())
+        row["frames_skipped"] = skipped_frames(sv)
         callers.append(row)
     latencies = [a.latency_ms for a in answers if a.latency_ms is not None]
     stretches = [c["stretch_ms"] for c in callers if c["stretch_ms"] is not None]
@@ -276,6 +297,16 @@ def summarize_step(
             "p99": max(p99s) if all(np.isfinite(p99s)) else None,
             "max": max(c["frame_interval_ms"].get("max", 0.0) for c in callers) if p50s else None,
         },
+        "sent_interval_ms": {
+            "p99": max((c["sent_interval_ms"].get("p99", 0.0) for c in callers), default=None)
+            if any(c["sent_interval_ms"]["n"] for c in callers)
+            else None,
+            "max": max((c["sent_interval_ms"].get("max", 0.0) for c in callers), default=None)
+            if any(c["sent_interval_ms"]["n"] for c in callers)
+            else None,
+        },
+        "frames_skipped": sum(c["frames_skipped"] for c in callers),
+        "server_frames_late": server_late,
         "audio_holes": hole_count,
         "stretch_ms": summary(stretches),
         "latency_ms": summary(latencies),
@@ -286,11 +317,41 @@ def summarize_step(
     }
 
 
+async def server_late_counts(url: str) -> dict[str, int] | None:
+    """The server's ``avatar_rtc_video_frames_late_total`` by reason, from its /metrics (all
+    its workers); None when it cannot be read."""
+    prefix = "avatar_rtc_video_frames_late_total{"
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+    except aiohttp.ClientError:
+        return None
+    counts = {"held": 0, "dropped": 0}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            labels, _, value = line[len(prefix) :].partition("} ")
+            reason = labels.partition('reason="')[2].partition('"')[0]
+            if reason in counts:
+                counts[reason] += int(float(value))
+    return counts
+
+
+def _late_delta(
+    before: dict[str, int] | None, after: dict[str, int] | None
+) -> dict[str, int] | None:
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in after}
+
+
 async def _step(
     callers: list[tuple[CallClient, Microphone]],
     pcm: np.ndarray,
     ref: Reference,
     s: Settings,
+    url: str,
     pid: int | None,
 ) -> dict[str, Any]:
     n = len(callers)
@@ -299,6 +360,7 @@ async def _step(
         client.received.video.clear()
     started = time.monotonic()
     client_cpu = time.process_time()
+    late_before = await server_late_counts(url)
     idle0 = usage(pid) if pid else None
     await asyncio.sleep(s.idle_s)
     idle1 = usage(pid) if pid else None
@@ -321,10 +383,13 @@ async def _step(
     # Smoothness is judged while the reply plays: an idle avatar whose picture does not change
     # is sent at 4 fps on purpose (rtc_server/media/tracks.py). A reply that was not heard is
     # judged over the whole step.
-    intervals = []
+    intervals, sent = [], []
     for (c, _), a in zip(callers, answers, strict=True):
         lo, hi = a.speech if a.speech is not None else (started, ended)
-        intervals.append(np.diff([t for t, _, _ in c.received.video if lo <= t <= hi]) * 1000)
+        frames = [(t, rtp) for t, rtp, _ in c.received.video if lo <= t <= hi]
+        intervals.append(np.diff([t for t, _ in frames]) * 1000)
+        sent.append(np.diff(np.array([r for _, r in frames], np.int64)) * 1000 / VIDEO_CLOCK_HZ)
+    late = _late_delta(late_before, await server_late_counts(url))
     cpu: dict[str, float | None] = {
         "server_cpu_idle_pct_per_call": None,
         "server_cpu_speaking_pct_per_call": None,
@@ -347,7 +412,7 @@ async def _step(
     for (client, _), a in zip(callers, answers, strict=True):
         if a.failed:
             await _settle(client)
-    return summarize_step(n, answers, intervals, ref, cpu)
+    return summarize_step(n, answers, intervals, ref, cpu, sent, late)
 
 
 def _line(step: dict[str, Any]) -> str:
@@ -357,7 +422,8 @@ def _line(step: dict[str, Any]) -> str:
     iv = step["frame_interval_ms"]
     return (
         f"{step['calls']} call(s): {step['failed_calls']} failed, frame interval p99 "
-        f"{f(iv['p99'])} max {f(iv['max'])} ms, {step['audio_holes']} hole(s), reply max "
+        f"{f(iv['p99'])} max {f(iv['max'])} ms (sent p99 {f(step['sent_interval_ms']['p99'])}, "
+        f"{step['frames_skipped']} skipped), {step['audio_holes']} hole(s), reply max "
         f"{f(step['latency_ms'].get('max'))} ms, server CPU/call idle "
         f"{f(step['server_cpu_idle_pct_per_call'], '.1f')} % speaking "
         f"{f(step['server_cpu_speaking_pct_per_call'], '.1f')} %"
@@ -391,7 +457,7 @@ async def _measure(s: Settings) -> dict[str, Any]:
             if n > 1:
                 callers.append(await connect_light_caller(url))
             await asyncio.sleep(1.0)
-            step = await _step(callers, pcm, ref, s, pid)
+            step = await _step(callers, pcm, ref, s, url, pid)
             steps.append(step)
             print("  " + _line(step), flush=True)
             if step["smooth"] and largest == n - 1:

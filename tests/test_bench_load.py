@@ -21,6 +21,7 @@ from benchmarks.load import (
     Answer,
     Reference,
     holes,
+    skipped_frames,
     speaking_cpu_pct_per_call,
     summarize_step,
 )
@@ -106,6 +107,37 @@ def test_slow_replies_and_uneven_frames_are_not_smooth() -> None:
         "frame interval p99 over 60 ms",
         "reply latency over 1200 ms",
     ]
+
+
+def test_frames_the_server_skipped_are_told_from_frames_that_arrived_late() -> None:
+    """Arrival intervals mix in the network and the caller's machine; RTP intervals are the
+    server's alone: a late frame is a long arrival interval on a 40 ms RTP step, a skipped
+    one an 80 ms RTP step."""
+    arrived = np.full(100, 40.0)
+    arrived[10], arrived[11] = 90.0, 0.0  # one frame 50 ms late, the next on time
+    sent_on_time = np.full(100, 40.0)
+    sent_skipping = np.full(100, 40.0)
+    sent_skipping[20] = 80.0  # one instant skipped
+    sent_skipping[30] = 120.0  # two in a row
+    assert skipped_frames(sent_on_time) == 0
+    assert skipped_frames(sent_skipping) == 3
+    late = {"held": 2, "dropped": 3}
+    step = summarize_step(
+        2,
+        [_answer(900.0), _answer(900.0)],
+        [arrived, np.full(100, 40.0)],
+        _ref(),
+        {"server_rss_mb": None},
+        [sent_on_time, sent_skipping],
+        late,
+    )
+    assert step["frame_interval_ms"]["max"] == 90.0
+    assert step["sent_interval_ms"] == {
+        "p99": float(np.percentile(sent_skipping, 99)),
+        "max": 120.0,
+    }
+    assert [c["frames_skipped"] for c in step["callers"]] == [0, 3]
+    assert step["frames_skipped"] == 3 and step["server_frames_late"] == late
 
 
 def test_speaking_cpu_per_call_takes_off_the_idle_callers() -> None:
