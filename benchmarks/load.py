@@ -175,6 +175,18 @@ def speaking_cpu_pct_per_call(
     return spent / speaking_s * 100 if speaking_s else None
 
 
+LAG_TICK_S = 0.01
+
+
+async def _watch_loop_lag(out: list[float]) -> None:
+    """How late this process's own event loop wakes from a 10 ms sleep (ms): when the callers'
+    loop is late, arrival intervals grow whatever the server does."""
+    while True:
+        due = time.monotonic() + LAG_TICK_S
+        await asyncio.sleep(LAG_TICK_S)
+        out.append(max(0.0, time.monotonic() - due) * 1000)
+
+
 async def _sample(pid: int, out: list[tuple[float, float]], rss: list[int]) -> None:
     while True:
         u = usage(pid)
@@ -256,15 +268,18 @@ def summarize_step(
     cpu: dict[str, float | None],
     sent: list[np.ndarray] | None = None,
     server_late: dict[str, int] | None = None,
+    client_lags_ms: list[float] | None = None,
 ) -> dict[str, Any]:
     """One row of the table: per-call figures, the step's worst, and whether it was smooth.
 
     ``intervals`` are the frames' arrival intervals (what a viewer receives: the server, the
     network and the caller's own machine); ``sent`` their RTP intervals, which only the server
     decides (a frame it skipped is a gap of two frames whenever it arrives). ``server_late``:
-    the server's own count of instants it held or dropped during the step.
+    the server's own count of instants it held or dropped during the step; ``client_lags_ms``
+    how late the callers' own event loop woke during the turns.
     """
     sent = sent if sent is not None else [np.zeros(0) for _ in intervals]
+    lag = summary(client_lags_ms or [])
     callers = []
     for a, iv, sv in zip(answers, intervals, sent, strict=True):
         row = _answer_json(a, ref)
@@ -307,6 +322,7 @@ def summarize_step(
         },
         "frames_skipped": sum(c["frames_skipped"] for c in callers),
         "server_frames_late": server_late,
+        "client_loop_lag_ms": {"p99": lag.get("p99"), "max": lag.get("max")},
         "audio_holes": hole_count,
         "stretch_ms": summary(stretches),
         "latency_ms": summary(latencies),
@@ -368,16 +384,19 @@ async def _step(
     samples: list[tuple[float, float]] = []
     rss: list[int] = []
     sampler = asyncio.ensure_future(_sample(pid, samples, rss)) if pid else None
+    lags: list[float] = []
+    lag_watch = asyncio.ensure_future(_watch_loop_lag(lags))
     spread = ref.turn_s if s.turns == "staggered" else 0.0
     asks = [
         _ask(c, m, pcm, Answer(i * spread / n), s.reply_timeout_s, 0 if i else s.inject_hole_ms)
         for i, (c, m) in enumerate(callers)
     ]
     answers = await asyncio.gather(*asks)
-    if sampler is not None:
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+    for watcher in (sampler, lag_watch):
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
     ended = time.monotonic()
     client_pct = (time.process_time() - client_cpu) / (ended - started) / n * 100
     # Smoothness is judged while the reply plays: an idle avatar whose picture does not change
@@ -398,6 +417,7 @@ async def _step(
         "server_processes": None,
         "client_cpu_pct_per_call": client_pct,
     }
+
     if idle0 is not None and idle1 is not None and len(samples) > 1:
         idle_cores = (idle1.cpu_s - idle0.cpu_s) / (idle_end - started) / n
         spans = [a.speech for a in answers if a.speech is not None]
@@ -412,7 +432,7 @@ async def _step(
     for (client, _), a in zip(callers, answers, strict=True):
         if a.failed:
             await _settle(client)
-    return summarize_step(n, answers, intervals, ref, cpu, sent, late)
+    return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags)
 
 
 def _line(step: dict[str, Any]) -> str:
@@ -423,7 +443,8 @@ def _line(step: dict[str, Any]) -> str:
     return (
         f"{step['calls']} call(s): {step['failed_calls']} failed, frame interval p99 "
         f"{f(iv['p99'])} max {f(iv['max'])} ms (sent p99 {f(step['sent_interval_ms']['p99'])}, "
-        f"{step['frames_skipped']} skipped), {step['audio_holes']} hole(s), reply max "
+        f"{step['frames_skipped']} skipped; callers' loop lag p99 "
+        f"{f(step['client_loop_lag_ms']['p99'])}), {step['audio_holes']} hole(s), reply max "
         f"{f(step['latency_ms'].get('max'))} ms, server CPU/call idle "
         f"{f(step['server_cpu_idle_pct_per_call'], '.1f')} % speaking "
         f"{f(step['server_cpu_speaking_pct_per_call'], '.1f')} %"

@@ -25,7 +25,7 @@ QUIET_PEAK = 32
 """A chunk whose every sample is within this of zero (-60 dBFS, int16) is silence without
 asking the model: the microphone of a caller who is not talking, after the browser's noise
 suppression, is mostly such chunks, and the model costs 0.15 ms a chunk, 31 a second per call,
-on the event loop. The quietest speech peaks some 20 dB above it."""
+on the event loop. One sample past it and the model runs."""
 
 
 def silero_model_path() -> Path:

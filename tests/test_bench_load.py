@@ -130,6 +130,7 @@ def test_frames_the_server_skipped_are_told_from_frames_that_arrived_late() -> N
         {"server_rss_mb": None},
         [sent_on_time, sent_skipping],
         late,
+        [0.5] * 99 + [30.0],
     )
     assert step["frame_interval_ms"]["max"] == 90.0
     assert step["sent_interval_ms"] == {
@@ -138,6 +139,7 @@ def test_frames_the_server_skipped_are_told_from_frames_that_arrived_late() -> N
     }
     assert [c["frames_skipped"] for c in step["callers"]] == [0, 3]
     assert step["frames_skipped"] == 3 and step["server_frames_late"] == late
+    assert step["client_loop_lag_ms"]["max"] == 30.0
 
 
 def test_speaking_cpu_per_call_takes_off_the_idle_callers() -> None:
