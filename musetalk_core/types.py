@@ -39,7 +39,8 @@ class AvatarFrame:
     """One video frame and exactly the 1/fps of audio it animates."""
 
     image: np.ndarray
-    """uint8 RGB, shape (height, width, 3)."""
+    """uint8 RGB, shape (height, width, 3); or I420, shape (height * 3 // 2, width), from an
+    engine that makes the encoder's own pixel format (musetalk_core.i420)."""
     audio: AudioChunk
     """Exactly 1/fps seconds at the engine's sample_rate; silence on idle frames."""
     speaking: bool

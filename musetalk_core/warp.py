@@ -27,14 +27,20 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from .boxes import Box
+from .i420 import I420Canvas, i420_fits
 from .segments import SegmentQueue
 from .types import AudioChunk, AvatarFrame, EngineError
 from .warp_avatar import WarpAvatar
 
-__all__ = ["WarpEngine", "WarpRenderer", "mouth_shape"]
+__all__ = ["PIXEL_FORMATS", "WarpEngine", "WarpRenderer", "mouth_shape"]
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
+
+PIXEL_FORMATS = ("rgb24", "yuv420p")
+"""What :class:`WarpEngine` yields: (H, W, 3) RGB, or (H * 3 // 2, W) I420 (musetalk_core.i420),
+which an H.264 encoder takes as it is."""
 
 # Openness: RMS of a slice, full scale 1.0, through a compressive power curve.
 OPEN_FLOOR_RMS = 0.004
@@ -177,6 +183,13 @@ class WarpRenderer:
         self._still.flags.writeable = False
         self._blinks = _Blinks(np.random.default_rng(seed))
         self._fields: dict[int, _MouthFields] = {}
+        self._canvas: I420Canvas | None = None
+        """The base picture in I420, made on the first I420 render."""
+        self._changed = [
+            Box(*map(int, avatar.mouth_crop)),
+            *(Box(*map(int, crop)) for crop in avatar.eye_crops),
+        ]
+        """Everything :meth:`render` writes to when the avatar does not sway."""
 
         x, y, w, h = avatar.mouth_crop
         self._mouth_at = (slice(y, y + h), slice(x, x + w))
@@ -222,6 +235,25 @@ class WarpRenderer:
     def is_still(self, openness: float, t: float) -> bool:
         """Does :meth:`render` at (``openness``, ``t``) give :attr:`still`?"""
         return openness < 1.0 / 256 and self.sway_px <= 0.0 and self._blinks.amount(t) <= 0.0
+
+    @property
+    def still_i420(self) -> U8:
+        """:attr:`still` in I420: one shared, read-only array."""
+        return self._i420().base
+
+    def render_i420(self, openness: float, roundness: float, t: float) -> U8:
+        """:meth:`render` in I420 (musetalk_core.i420), converting only the mouth and eye crops
+        the render can change; the avatar at rest is always the same :attr:`still_i420`."""
+        if self.is_still(openness, t):
+            return self.still_i420
+        rgb = self.render(openness, roundness, t)
+        changed = None if self.sway_px > 0.0 else self._changed
+        return self._i420().convert(rgb, changed)
+
+    def _i420(self) -> I420Canvas:
+        if self._canvas is None:
+            self._canvas = I420Canvas(self._base)
+        return self._canvas
 
     def render(self, openness: float, roundness: float, t: float) -> U8:
         """A uint8 RGB frame with the mouth at (openness, roundness) at time ``t`` seconds.
@@ -436,7 +468,16 @@ class WarpEngine:
         sample_rate: int = 48000,
         seed: int = 0,
         sway_px: float = 0.0,
+        pixel_format: str = "rgb24",
     ) -> None:
+        """``pixel_format``: one of :data:`PIXEL_FORMATS`; ``yuv420p`` for an H.264 sender."""
+        if pixel_format not in PIXEL_FORMATS:
+            raise ValueError(f"pixel_format is one of {PIXEL_FORMATS}, not {pixel_format!r}")
+        if pixel_format == "yuv420p" and not i420_fits(avatar.frame_size):
+            raise ValueError(
+                f"yuv420p needs an even width and a height that is a multiple of 4, "
+                f"not {avatar.frame_size}"
+            )
         if fps <= 0 or sample_rate <= 0 or sample_rate % fps:
             raise ValueError(
                 f"sample_rate ({sample_rate}) must be a positive multiple of fps ({fps})"
@@ -445,6 +486,9 @@ class WarpEngine:
         self._sample_rate = sample_rate
         self._samples_per_frame = sample_rate // fps
         self._renderer = WarpRenderer(avatar, seed=seed, sway_px=sway_px)
+        self._i420 = pixel_format == "yuv420p"
+        # Made here, before the loop and the render thread share the renderer.
+        self._still = self._renderer.still_i420 if self._i420 else self._renderer.still
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="warp-render"
         )
@@ -520,7 +564,8 @@ class WarpEngine:
             openness, roundness = 0.0, 0.0
         else:
             openness, roundness = mouth_shape(pcm, self._sample_rate)
-        image = self._renderer.render(openness, roundness, t)
+        render = self._renderer.render_i420 if self._i420 else self._renderer.render
+        image = render(openness, roundness, t)
         return image, time.perf_counter() - start
 
     async def frames(self) -> AsyncGenerator[AvatarFrame, None]:
@@ -533,7 +578,7 @@ class WarpEngine:
             t = self._index / self._fps
             if audio is None and self._renderer.is_still(0.0, t):
                 # At rest: the shared still picture, no render and no thread round trip.
-                image = self._renderer.still
+                image = self._still
                 await asyncio.sleep(0)
             else:
                 try:

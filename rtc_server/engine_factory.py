@@ -52,6 +52,7 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
             "asked for: a flash and a beep on the same instant, once a second",
             lambda: SyncTestEngine(fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
         )
+    from musetalk_core.i420 import i420_fits
     from musetalk_core.warp import WarpEngine
     from musetalk_core.warp_avatar import builtin_portrait, load_portrait, prepare_avatar
 
@@ -59,6 +60,13 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
         builtin_portrait() if config.engine.avatar is None else load_portrait(config.engine.avatar)
     )
     avatar = prepare_avatar(image, cache_dir=config.server.cache_dir / "avatars")
+
+    # I420 frames where the size allows: the sender encodes them without converting them.
+    pixels = "yuv420p" if i420_fits(avatar.frame_size) else "rgb24"
+
+    def warp() -> LipSyncEngine:
+        return WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE, pixel_format=pixels)
+
     notice = None
     if config.engine.name == "warp":
         reason = "engine 'warp' requested"
@@ -69,7 +77,7 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
                 config.engine.musetalk_engine_socket,
                 "the front's MuseTalk engine process",
                 avatar.mouth_box,
-                lambda: WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
+                warp,
             )
         use, reason = musetalk_choice(config)
         if use:
@@ -78,7 +86,7 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
                     config,
                     reason,
                     avatar.mouth_box,
-                    lambda: WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
+                    warp,
                 )
             except Exception as exc:  # weights, import, out of memory: never a crash
                 logger.exception("MuseTalk failed to load")
@@ -86,10 +94,7 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
                 notice = reason
     logger.info("lip-sync engine: warp (%s)", reason)
 
-    def create() -> LipSyncEngine:
-        return WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE)
-
-    return EngineFactory("warp", reason, create, mouth_box=avatar.mouth_box, notice=notice)
+    return EngineFactory("warp", reason, warp, mouth_box=avatar.mouth_box, notice=notice)
 
 
 def weights_dir(config: ServerConfig) -> Path:

@@ -131,7 +131,10 @@ class AvatarVideoTrack(MediaStreamTrack):
         # and each is done with it before the next recv.
         frame = self._last_frame
         if not still or frame is None:
-            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            # A 2-D image is I420 already (musetalk_core.i420): the encoder takes it as it is.
+            frame = av.VideoFrame.from_ndarray(
+                image, format="yuv420p" if image.ndim == 2 else "rgb24"
+            )
         self._last_image, self._last_frame, self._last_sent = image, frame, index
         frame.pts = index * self._ticks
         frame.time_base = VIDEO_TIME_BASE
