@@ -7,6 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import av
 import numpy as np
 
 from musetalk_core.types import AudioChunk
@@ -24,6 +25,7 @@ PARAGRAPH = (
 @dataclass
 class Clip:
     images: list[np.ndarray]
+    """uint8 RGB (an engine's I420 frames converted back, as a decoder would)."""
     audio: np.ndarray
     """48 kHz mono int16, exactly 1920 samples per image."""
     speaking: list[bool]
@@ -54,12 +56,19 @@ async def render_clip(
         stream = engine.frames()
         while len(images) < frames:
             frame = await anext(stream)
-            images.append(frame.image)
+            images.append(_rgb(frame.image))
             audio.append(frame.audio.pcm)
             speaking.append(frame.speaking)
         return Clip(images, np.concatenate(audio), speaking, engine.fps, factory.mouth_box)
     finally:
         await engine.aclose()
+
+
+def _rgb(image: np.ndarray) -> np.ndarray:
+    if image.ndim == 3:
+        return image
+    rgb: np.ndarray = av.VideoFrame.from_ndarray(image, format="yuv420p").to_ndarray(format="rgb24")
+    return rgb
 
 
 def render_clip_sync(frames: int, **kw: object) -> Clip:
