@@ -21,7 +21,6 @@ from rtc_server.aiortc_compat import (
     use_fast_audio_level,
 )
 from rtc_server.config import ServerConfig
-from rtc_server.cpu_priority import lower_this_thread
 from rtc_server.embed import add_embed_route
 from rtc_server.engine_factory import EngineFactory, load_engine_factory
 from rtc_server.headroom import Headroom, HeadroomSettings
@@ -97,8 +96,7 @@ class SessionManager:
             self.executor, load_providers, self.config, http, self.executor
         )
         vad = await loop.run_in_executor(self.executor, SileroModel.shared)
-        # Not on the speech executor: the engine's threads (OpenCV's, torch's) are media.
-        factory = await loop.run_in_executor(None, engine_loader)
+        factory = await loop.run_in_executor(self.executor, engine_loader)
         if factory.start is not None:
             await factory.start()
         self.engine_factory = factory
@@ -304,10 +302,7 @@ def create_app(
         middlewares=[error_middleware, access_middleware(access)], client_max_size=MAX_BODY_BYTES
     )
     metrics = Metrics()
-    # The speech models' threads, below the media path in CPU priority (cpu_priority.py).
-    executor = ThreadPoolExecutor(
-        max_workers=2, thread_name_prefix="avatar-rtc-speech", initializer=lower_this_thread
-    )
+    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="avatar-rtc")
     manager = SessionManager(config, metrics, executor)
     app[METRICS] = metrics
     app[MANAGER] = manager

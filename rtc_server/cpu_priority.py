@@ -1,13 +1,14 @@
-"""The media path before the speech models when the CPU is short.
+"""Transcription below the media path when the CPU is short.
 
-A call's audio is paced on the event loop and its video encoded on the loop's default
-executor; transcription (faster-whisper), synthesis (Piper) and their resampling run on the
-speech executor, and CTranslate2's own threads are made by it when the model loads. On a busy
+A call's audio is paced on the event loop, its video encoded on the loop's default executor and
+its reply synthesized on the app's executor; transcription (faster-whisper) waits on an
+executor of its own, and CTranslate2's threads are made by it when the model loads. On a busy
 machine the kernel shares the cores between all of them alike, so a burst of transcriptions
 (several callers' turns ending together) delays frame encodes: the frames leave late and arrive
 unevenly. Those threads therefore run at a lower priority (a higher nice value): they get the
 CPU the media path leaves, and all of it when nothing else wants it, so one call alone is not
-slower. Raising a thread's nice value needs no privilege; lowering it back would.
+slower. Synthesis stays at the media path's priority: a reply's next sentence is due while its
+first one plays. Raising a thread's nice value needs no privilege; lowering it back would.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ __all__ = ["SPEECH_NICE", "lower_this_thread", "thread_nice"]
 logger = logging.getLogger(__name__)
 
 SPEECH_NICE = 5
-"""How much lower the speech threads run: at +5 the kernel gives a nice-0 thread about three
-times their share of a contended core."""
+"""How much lower transcription runs: at +5 the kernel gives a nice-0 thread about three times
+its share of a contended core."""
 
 
 def thread_nice(native_id: int | None = None) -> int:
@@ -36,4 +37,4 @@ def lower_this_thread(by: int = SPEECH_NICE) -> None:
     try:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, thread_nice(tid) + by))
     except OSError as exc:  # a platform without per-thread priorities: run as we are
-        logger.warning("could not lower the speech threads' CPU priority: %s", exc)
+        logger.warning("could not lower the transcription threads' CPU priority: %s", exc)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -39,33 +38,31 @@ def test_a_lowered_thread_and_the_threads_it_starts_run_lower() -> None:
     assert thread_nice() == base  # the calling thread is untouched
 
 
-def test_whisper_loaded_on_the_speech_executor_runs_its_own_threads_lower() -> None:
-    """CTranslate2 makes its worker threads when the model loads: on a lowered executor thread
-    they inherit the lower priority, and transcription runs on them."""
+def test_whisper_runs_on_threads_of_its_own_below_the_loop() -> None:
+    """CTranslate2 makes its worker threads when the model loads: loaded on the lowered STT
+    executor, they inherit the lower priority, and transcription runs on them."""
     from rtc_server.providers.whisper_stt import WhisperSTT
 
     base = thread_nice()
-    executor = ThreadPoolExecutor(max_workers=1, initializer=lower_this_thread)
-    try:
-        before = _threads()
-        # A model size of its own (threads=1, parallel=3): a fresh load, not another test's.
-        stt = executor.submit(WhisperSTT.load, executor, parallel=3).result()
-        created = _threads() - before
-        assert created, "loading the model started no thread"
-        nice = {tid: thread_nice(tid) for tid in created}
-        assert set(nice.values()) == {min(19, base + SPEECH_NICE)}, nice
-        assert asyncio.run(stt.transcribe(np.zeros(16000, np.int16), 16000)) == ""
-    finally:
-        executor.shutdown(wait=True)
+    before = _threads()
+    # A model size of its own (threads=1, parallel=3): a fresh load, not another test's.
+    stt = WhisperSTT.load(parallel=3)
+    created = _threads() - before
+    assert created, "loading the model started no thread"
+    nice = {tid: thread_nice(tid) for tid in created}
+    assert set(nice.values()) == {min(19, base + SPEECH_NICE)}, nice
+    assert asyncio.run(stt.transcribe(np.zeros(16000, np.int16), 16000)) == ""
+    assert thread_nice() == base
 
 
-async def test_the_servers_speech_threads_run_lower_and_its_loop_does_not(
+async def test_the_server_transcribes_below_its_loop_and_synthesizes_beside_it(
     live_server: LiveServer,
 ) -> None:
     assert live_server.manager.ready
-    speech = [t for t in threading.enumerate() if t.name.startswith("avatar-rtc-speech_")]
-    assert speech, "the models were loaded on no speech thread"
     base = thread_nice()  # the event loop's thread
-    for t in speech:
-        assert t.native_id is not None
-        assert thread_nice(t.native_id) == min(19, base + SPEECH_NICE), t.name
+    names = {t.name: t.native_id for t in threading.enumerate()}
+    stt = [tid for name, tid in names.items() if name.startswith("avatar-rtc-stt_")]
+    app = [tid for name, tid in names.items() if name.startswith("avatar-rtc_")]
+    assert stt and app, names
+    assert {thread_nice(t) for t in stt if t} == {min(19, base + SPEECH_NICE)}
+    assert {thread_nice(t) for t in app if t} == {base}  # synthesis: the media path's priority

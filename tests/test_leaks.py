@@ -37,7 +37,7 @@ async def _one_call(server: LiveServer, end_by_delete: bool) -> None:
     await wait_until(lambda: session_id not in server.manager.sessions, 10.0, "call reaped")
 
 
-POOL_PREFIXES = ("asyncio_", "avatar-rtc-speech_")
+POOL_PREFIXES = ("asyncio_", "avatar-rtc_", "avatar-rtc-stt_")
 
 
 def _pooled(thread: threading.Thread) -> bool:

@@ -107,7 +107,7 @@ def load_providers(
 
             # As many turns transcribed at once as this process has cores to run them.
             cores = config.server.cpu_limit or len(os.sched_getaffinity(0))
-            stt = WhisperSTT.load(executor, parallel=max(1, min(4, round(cores))))
+            stt = WhisperSTT.load(parallel=max(1, min(4, round(cores))))
         except RuntimeError as exc:
             stt = None
             stt_choice = Choice("stt", "none", f"{exc}; calls take typed turns only")

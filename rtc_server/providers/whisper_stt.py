@@ -4,30 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from rtc_server.cpu_priority import lower_this_thread
 from rtc_server.media.resample import resample_int16
 
 WHISPER_RATE = 16_000
 
 
 class WhisperSTT:
-    """Transcribes one utterance on the CPU; the model is shared, each call brings an executor."""
+    """Transcribes one utterance on the CPU; the model and its threads are the process's."""
 
-    def __init__(self, model: Any, executor: Executor | None = None) -> None:
+    def __init__(self, model: Any, executor: Executor) -> None:
         self._model = model
         self._executor = executor
 
     @classmethod
-    def load(
-        cls, executor: Executor | None = None, *, threads: int = 1, parallel: int = 1
-    ) -> WhisperSTT:
+    def load(cls, *, threads: int = 1, parallel: int = 1) -> WhisperSTT:
         """``threads`` per transcription; up to ``parallel`` transcriptions at once (calls
-        whose turns end together), each on its own copy of the model's working state."""
-        model = _model(threads, parallel)
+        whose turns end together), each on its own copy of the model's working state.
+
+        Transcriptions wait on their own executor, not the one synthesis uses: eight callers'
+        turns ending together must not hold up the next sentence of a reply already playing.
+        Its threads, and CTranslate2's (made while the model loads on one of them), run below
+        the media path in CPU priority (rtc_server/cpu_priority.py).
+        """
+        executor = _executor(parallel)
+        model = executor.submit(_model, threads, parallel).result()
         return cls(model, executor)
 
     @property
@@ -49,6 +55,14 @@ class WhisperSTT:
     async def transcribe(self, pcm: np.ndarray, sample_rate: int) -> str:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._run, pcm, sample_rate)
+
+
+@functools.lru_cache(maxsize=4)
+def _executor(parallel: int) -> ThreadPoolExecutor:
+    """One per process and size, like the model: a thread per transcription at once."""
+    return ThreadPoolExecutor(
+        max_workers=parallel, thread_name_prefix="avatar-rtc-stt", initializer=lower_this_thread
+    )
 
 
 @functools.lru_cache(maxsize=4)
