@@ -287,6 +287,7 @@ def summarize_step(
         row["sent_interval_ms"] = summary(sv.tolist())
         row["frames_skipped"] = skipped_frames(sv)
         callers.append(row)
+    sent_rows = [c for c in callers if c["sent_interval_ms"]["n"]]
     latencies = [a.latency_ms for a in answers if a.latency_ms is not None]
     stretches = [c["stretch_ms"] for c in callers if c["stretch_ms"] is not None]
     # A caller that got no frames has no interval: it counts as infinitely late.
@@ -313,12 +314,8 @@ def summarize_step(
             "max": max(c["frame_interval_ms"].get("max", 0.0) for c in callers) if p50s else None,
         },
         "sent_interval_ms": {
-            "p99": max((c["sent_interval_ms"].get("p99", 0.0) for c in callers), default=None)
-            if any(c["sent_interval_ms"]["n"] for c in callers)
-            else None,
-            "max": max((c["sent_interval_ms"].get("max", 0.0) for c in callers), default=None)
-            if any(c["sent_interval_ms"]["n"] for c in callers)
-            else None,
+            k: max((c["sent_interval_ms"][k] for c in sent_rows), default=None)
+            for k in ("p99", "max")
         },
         "frames_skipped": sum(c["frames_skipped"] for c in callers),
         "server_frames_late": server_late,

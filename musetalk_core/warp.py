@@ -185,11 +185,6 @@ class WarpRenderer:
         self._fields: dict[int, _MouthFields] = {}
         self._canvas: I420Canvas | None = None
         """The base picture in I420, made on the first I420 render."""
-        self._changed = [
-            Box(*map(int, avatar.mouth_crop)),
-            *(Box(*map(int, crop)) for crop in avatar.eye_crops),
-        ]
-        """Everything :meth:`render` writes to when the avatar does not sway."""
 
         x, y, w, h = avatar.mouth_crop
         self._mouth_at = (slice(y, y + h), slice(x, x + w))
@@ -211,6 +206,8 @@ class WarpRenderer:
             (slice(int(ey), int(ey + eh)), slice(int(ex), int(ex + ew)))
             for ex, ey, ew, eh in avatar.eye_crops
         ]
+        self._changed = [_box(at) for at in (self._mouth_at, *self._eye_at)]
+        """Everything :meth:`render` writes to when the avatar does not sway."""
         eh, ew = avatar.eye_masks.shape[1:]
         self._eye_rows = np.arange(eh, dtype=np.float32)[:, None]
         self._eye_u2 = [
@@ -432,6 +429,14 @@ class WarpRenderer:
             frame, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
         )
         return np.asarray(shifted, np.uint8)
+
+
+def _box(at: tuple[slice, slice]) -> Box:
+    """The rectangle of a (rows, columns) pair of slices."""
+    rows, cols = at
+    return Box(
+        int(cols.start), int(rows.start), int(cols.stop - cols.start), int(rows.stop - rows.start)
+    )
 
 
 def _teeth_shade(u: F32, profile: F32) -> F32:

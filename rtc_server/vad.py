@@ -91,8 +91,9 @@ class SileroState:
         return prob
 
     def skip(self, chunk: np.ndarray) -> None:
-        """A chunk not given to the model: it is still the next chunk's context."""
-        self._context = chunk[-CONTEXT:].reshape(1, CONTEXT).astype(np.float32) / 32768.0
+        """A chunk (as :meth:`probability` takes it) not given to the model: it is still the
+        next chunk's context."""
+        self._context = chunk[-CONTEXT:].reshape(1, CONTEXT)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,12 +199,13 @@ class VADStream:
 
     def _step(self, chunk: np.ndarray) -> VADEvent | None:
         p = self.params
+        x = chunk.astype(np.float32) / 32768.0
         if -QUIET_PEAK <= int(chunk.min()) and int(chunk.max()) <= QUIET_PEAK:
             # Near-digital silence: 0, and the model's state waits for the next sound.
             prob = 0.0
-            self._silero.skip(chunk)
+            self._silero.skip(x)
         else:
-            prob = self._silero.probability(chunk.astype(np.float32) / 32768.0)
+            prob = self._silero.probability(x)
         self.last_probability = prob
         start_of_chunk = self._samples
         self._samples += CHUNK
