@@ -66,8 +66,13 @@ def chromium_missing() -> str | None:
 
 
 @asynccontextmanager
-async def chromium_page(user_data_dir: Path, extra_args: Sequence[str] = ()) -> AsyncIterator[Page]:
-    """A page in a fresh headless Chromium profile that may capture and play audio."""
+async def chromium_page(
+    user_data_dir: Path, extra_args: Sequence[str] = (), *, bypass_csp: bool = False
+) -> AsyncIterator[Page]:
+    """A page in a fresh headless Chromium profile that may capture and play audio.
+
+    ``bypass_csp``: for a page the sync probe goes into (install_sync_probe): its audio
+    worklet is a ``blob:`` script, which the pages' Content-Security-Policy refuses."""
     async with async_playwright() as playwright:
         context = await playwright.chromium.launch_persistent_context(
             str(user_data_dir),
@@ -76,6 +81,7 @@ async def chromium_page(user_data_dir: Path, extra_args: Sequence[str] = ()) -> 
             args=[*CHROMIUM_ARGS, *extra_args],
             # Playwright mutes audio by default; the remote audio must play to be measured.
             ignore_default_args=["--mute-audio"],
+            bypass_csp=bypass_csp,
         )
         try:
             page = context.pages[0] if context.pages else await context.new_page()

@@ -57,7 +57,7 @@ async def _measure(
         raise ValueError("with --url, give the avatar's --mouth-box (prepare-avatar prints it)")
     try:
         with tempfile.TemporaryDirectory() as profile:
-            async with chromium_page(Path(profile)) as page:
+            async with chromium_page(Path(profile), bypass_csp=True) as page:
                 await page.goto(with_test_hooks(f"{url}/"))
                 await page.evaluate(FIRST_FRAME_JS)
                 await start_call(page, f"{url}/", navigate=False)
@@ -118,7 +118,7 @@ async def _measure_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]
     w, h = 512, 512
     try:
         with tempfile.TemporaryDirectory() as profile:
-            async with chromium_page(Path(profile)) as page:
+            async with chromium_page(Path(profile), bypass_csp=True) as page:
                 await start_call(page, f"{url}/")
                 await wait_for_sender_reports(page, 2)
                 await wait_for_audio_buffer_to_settle(page)

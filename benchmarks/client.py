@@ -69,11 +69,14 @@ class CallClient:
         record_video: bool = True,
         decode_video: bool = True,
         ice_address: str | None = "127.0.0.1",
+        headers: dict[str, str] | None = None,
     ) -> None:
+        """``headers`` go with every HTTP request of the call (a token, a proxy's headers)."""
         # Benchmarks and tests keep every packet on loopback; aioice skips it unless told.
         if ice_address is not None:
             restrict_host_addresses([ice_address])
         self.url = url
+        self.headers = dict(headers or {})
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.microphone = microphone or AudioStreamTrack()
         self.session_id = ""
@@ -188,7 +191,7 @@ class CallClient:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         sdp = self.pc.localDescription.sdp
         body = {"sdp": rewrite_offer(sdp) if rewrite_offer else sdp, "type": "offer"}
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=self.headers) as http:
             async with http.post(self.url + "/offer", json=body) as resp:
                 answer = await resp.json()
                 if resp.status != 200:
@@ -208,7 +211,7 @@ class CallClient:
         return None
 
     async def say(self, text: str, *, interrupt: bool = False) -> str:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=self.headers) as http:
             url = f"{self.url}/sessions/{self.session_id}/say"
             async with http.post(url, json={"text": text, "interrupt": interrupt}) as resp:
                 body = await resp.json()

@@ -210,6 +210,8 @@ async def spawn_server(
         # One process unless asked otherwise: a front with a worker per core measures the
         # front too (bench load --workers N asks for it).
         *([] if "--workers" in extra_args else ["--workers", "1"]),
+        # Every caller of a benchmark is on 127.0.0.1, one client address to the server.
+        *([] if "--max-calls-per-client" in extra_args else ["--max-calls-per-client", "0"]),
         *extra_args,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=log if log is not None else asyncio.subprocess.DEVNULL,

@@ -38,6 +38,7 @@ from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
 from rtc_server.vad import SileroModel, VADParams
 from signaling.access import access_middleware
 from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
+from signaling.headers import security_headers_middleware
 from signaling.http import add_routes
 from signaling.messages import Answer, Offer, SayRequest
 
@@ -166,6 +167,7 @@ class SessionManager:
             executor=self.executor,
             on_closed=self._forget,
             connect_timeout_s=self.config.server.connect_timeout_s,
+            messages=self.config.access.message_limiter(),
             max_call_s=self.config.server.max_call_s,
             idle_timeout_s=self.config.server.idle_timeout_s or None,
             # The sync-test engine stands in for a speaking avatar: a deployment check must
@@ -244,7 +246,7 @@ class SessionManager:
         return {"sessions": len(self.sessions), **self.headroom.snapshot()}
 
     def say(self, session_id: str, request: SayRequest) -> str:
-        return self.sessions[session_id].turns.say(request.text, interrupt=request.interrupt)
+        return self.sessions[session_id].say(request.text, interrupt=request.interrupt)
 
     async def close_session(self, session_id: str) -> bool:
         session = self.sessions.get(session_id)
@@ -292,14 +294,24 @@ def create_app(
     config: ServerConfig,
     *,
     engine_loader: Callable[[], EngineFactory] | None = None,
+    behind_front: bool = False,
 ) -> web.Application:
-    """Build the application; models load in the background and /readyz says when they are in."""
+    """Build the application; models load in the background and /readyz says when they are in.
+
+    ``behind_front``: a worker of ``--workers``, which only the front reaches; the front has
+    told the client, scheme and host apart and refused unknown hosts."""
     use_fast_audio_level()
     restrict_host_addresses(config.media.ice_addresses)
     limit_arenas()
     access = config.access.build_policy()
     app = web.Application(
-        middlewares=[error_middleware, access_middleware(access)], client_max_size=MAX_BODY_BYTES
+        middlewares=[
+            security_headers_middleware(access),
+            error_middleware,
+            *([] if behind_front else [config.access.client_view(config.server.host).middleware()]),
+            access_middleware(access),
+        ],
+        client_max_size=MAX_BODY_BYTES,
     )
     metrics = Metrics()
     executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="avatar-rtc")
@@ -328,16 +340,18 @@ def create_app(
         executor.shutdown(wait=True, cancel_futures=True)
 
     app.cleanup_ctx.append(lifecycle)
-    add_routes(app, manager, access, max_say_chars=config.server.max_say_chars)
+    add_routes(
+        app,
+        manager,
+        access,
+        max_say_chars=config.server.max_say_chars,
+        peers=config.media.peer_rule(config.server.host),
+    )
     add_embed_route(app, access)
 
     async def index(request: web.Request) -> web.FileResponse:
-        # The call page opens the microphone: only the origins allowed to embed may frame it
-        # (no click-jacking a call from another site).
-        return web.FileResponse(
-            STATIC_DIR / "index.html",
-            headers={"Content-Security-Policy": access.frame_ancestors()},
-        )
+        # Its CSP and frame-ancestors, as every response's: signaling.headers.
+        return web.FileResponse(STATIC_DIR / "index.html")
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -19,6 +19,9 @@ from typing import Any
 
 from musetalk_core.types import AvatarRtcError
 from signaling.access import ORIGIN, AccessPolicy, TokenSigner
+from signaling.forwarded import ClientView, parse_networks
+from signaling.offer_rules import PeerRule
+from signaling.quota import DEFAULT_CALLS_PER_CLIENT, DEFAULT_CALLS_PER_TOKEN, CallQuota
 from signaling.ratelimit import RateLimiter
 
 ENGINES = ("auto", "musetalk", "warp", "sync-test")
@@ -29,6 +32,15 @@ TTSS = ("auto", "piper", "elevenlabs", "openai")
 
 class ConfigError(AvatarRtcError, ValueError):
     """A configuration the server cannot run with; the message names the option."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def default_cache_dir() -> Path:
@@ -45,7 +57,9 @@ class ServerSettings:
     event-loop lag, CPU plus the measured cost of a call, engines not keeping up."""
     cpu_limit: float | None = None
     """Cores this process may use for calls; None: 90 % of its share of the machine."""
-    connect_timeout_s: float = 30.0
+    connect_timeout_s: float = 10.0
+    """A call whose peer has not connected (ICE and DTLS) this long after its answer is closed,
+    and its slot freed."""
     cache_dir: Path = field(default_factory=default_cache_dir)
     cert_file: Path | None = None
     key_file: Path | None = None
@@ -69,6 +83,8 @@ class ServerSettings:
             raise ConfigError("max_sessions must be at least 1")
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("--cert-file and --key-file go together")
+        if self.connect_timeout_s <= 0:
+            raise ConfigError("connect_timeout_s must be > 0")
         if self.idle_timeout_s < 0 or self.drain_timeout_s < 0:
             raise ConfigError("idle_timeout_s and drain_timeout_s must be >= 0")
         if self.max_say_chars < 1:
@@ -84,10 +100,37 @@ class AccessSettings:
     rate_limit_per_min: int = 60
     """/offer and /token requests per client address and minute, in bursts of up to a third
     of that (0: no limit)."""
+    max_calls_per_client: int = DEFAULT_CALLS_PER_CLIENT
+    """Live calls one client address (an IPv6 client: its /64) may hold (0: no limit)."""
+    max_calls_per_token: int = DEFAULT_CALLS_PER_TOKEN
+    """Live calls one token may open, with auth on (0: no limit)."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses or CIDRs of proxies whose X-Forwarded-For/-Proto/-Host are believed."""
+    public_origin: str | None = None
+    """The origin callers reach the server at (https://avatar.example.com): the server's own
+    origin for the origin checks, and the one host name it answers for."""
+    call_messages_per_min: int = 60
+    """Says and data-channel messages per call and minute, in bursts of up to a third of that
+    (429 rate_limited over HTTP, an error event on the channel; 0: no limit)."""
 
     def __post_init__(self) -> None:
-        if self.rate_limit_per_min < 0:
-            raise ConfigError("rate_limit_per_min must be >= 0")
+        for name in (
+            "rate_limit_per_min",
+            "max_calls_per_client",
+            "max_calls_per_token",
+            "call_messages_per_min",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0")
+        try:
+            parse_networks(self.trusted_proxies)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.public_origin is not None and not ORIGIN.fullmatch(self.public_origin):
+            raise ConfigError(
+                "--public-origin must be scheme://host[:port] (no path), "
+                f"not {self.public_origin!r}"
+            )
         for origin in self.allowed_origins:
             if origin != "*" and not ORIGIN.fullmatch(origin):
                 raise ConfigError(
@@ -99,7 +142,30 @@ class AccessSettings:
         per_min = self.rate_limit_per_min
         limiter = RateLimiter(per_min / 60, burst=max(1, per_min // 3)) if per_min else None
         signer = TokenSigner(self.api_key) if self.api_key else None
-        return AccessPolicy(frozenset(self.allowed_origins), signer, limiter)
+        quota = None
+        if self.max_calls_per_client or self.max_calls_per_token:
+            quota = CallQuota(self.max_calls_per_client, self.max_calls_per_token)
+        return AccessPolicy(
+            frozenset(self.allowed_origins), signer, limiter, quota, self.public_origin
+        )
+
+    def client_view(self, listen_host: str) -> ClientView:
+        """Client address, scheme and host behind the trusted proxies, for a server listening
+        on ``listen_host``."""
+        return ClientView(
+            parse_networks(self.trusted_proxies),
+            public_origin=self.public_origin,
+            loopback_only=_is_loopback(listen_host),
+        )
+
+    def message_limiter(self) -> RateLimiter | None:
+        """A new per-call limiter of says and data-channel messages (None: no limit)."""
+        per_min = self.call_messages_per_min
+        return (
+            RateLimiter(per_min / 60, burst=max(1, per_min // 3), max_clients=1)
+            if per_min
+            else None
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,6 +182,9 @@ class MediaSettings:
     """How long minted TURN credentials stay valid."""
     public_address: str | None = None
     """NAT 1:1: the address announced in host candidates instead of the gathered one."""
+    peer_networks: tuple[str, ...] = ()
+    """Networks (CIDR) besides public addresses whose candidates in an offer are checked;
+    a server listening on loopback only takes every unicast address."""
     still_repeat_s: float = 0.25
     """While the avatar is idle and its picture does not change, a video frame goes out only
     this often (0: every frame, 25 fps always)."""
@@ -137,6 +206,15 @@ class MediaSettings:
                 ) from None
             if public.is_unspecified:
                 raise ConfigError("--public-address cannot be the unspecified address")
+        try:
+            parse_networks(self.peer_networks, "--peer-network")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def peer_rule(self, listen_host: str) -> PeerRule:
+        """Which offered candidates a server listening on ``listen_host`` may check."""
+        networks = parse_networks(self.peer_networks, "--peer-network")
+        return PeerRule(networks, local=_is_loopback(listen_host))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

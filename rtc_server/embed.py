@@ -24,22 +24,6 @@ THEMES = ("dark", "light")
 MAX_AVATAR_CHARS = 200
 TRUE = ("1", "true", "yes", "on")
 
-PAGE_POLICY = (
-    "default-src 'self'",
-    "script-src 'self'",
-    "style-src 'self'",
-    "img-src 'self' data:",
-    "media-src 'self' blob: mediastream:",
-    "connect-src 'self'",
-    "base-uri 'none'",
-    "form-action 'none'",
-    "object-src 'none'",
-)
-
-
-def content_security_policy(access: AccessPolicy) -> str:
-    return "; ".join([*PAGE_POLICY, access.frame_ancestors()])
-
 
 def page_attributes(request: web.Request, access: AccessPolicy) -> dict[str, str]:
     """The page's settings, from the query and the access policy."""
@@ -62,12 +46,7 @@ def add_embed_route(app: web.Application, access: AccessPolicy) -> None:
     template = Template(TEMPLATE.read_text(encoding="utf-8"))
 
     async def embed(request: web.Request) -> web.Response:
-        headers = {
-            "Content-Security-Policy": content_security_policy(access),
-            "Cache-Control": "no-store",
-            "X-Content-Type-Options": "nosniff",
-            "Referrer-Policy": "same-origin",
-        }
+        headers = {"Cache-Control": "no-store"}  # the other headers: signaling.headers
         if not access.embedder_allowed(request):
             source = request.headers.get("Origin") or request.headers.get("Referer") or ""
             raise SignalingError(

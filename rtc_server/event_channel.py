@@ -58,6 +58,8 @@ class EventChannel:
             return
         try:
             self._on_event(event)
+        except SignalingError as exc:  # refused: over the rate, a full queue
+            self.error(exc.code, exc.message)
         except Exception:
             self._log.exception("data-channel message failed")
             self.error("internal", "the message could not be handled")

@@ -130,6 +130,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         default="text",
         choices=LOG_FORMATS,
     ),
+    Option(
+        "connect-timeout-s",
+        "server",
+        "close a call whose peer has not connected this many seconds after the answer",
+        float,
+        10.0,
+    ),
     Option("max-call-s", "server", "calls are closed after this many seconds", float, 3600.0),
     Option(
         "idle-timeout-s",
@@ -177,6 +184,43 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         60,
     ),
     Option(
+        "trusted-proxy",
+        "access",
+        "address or CIDR of a proxy in front of the server whose X-Forwarded-For, -Proto and "
+        "-Host are believed (repeatable; unset: none)",
+        kind=Kind.LIST,
+        field="trusted_proxies",
+    ),
+    Option(
+        "public-origin",
+        "access",
+        "the origin callers use (https://avatar.example.com): the server's own origin and the "
+        "one host name it answers for",
+        to_config=_or_none,
+    ),
+    Option(
+        "max-calls-per-client",
+        "access",
+        "live calls one client address may hold, an IPv6 client's whole /64 (0: no limit)",
+        int,
+        2,
+    ),
+    Option(
+        "max-calls-per-token",
+        "access",
+        "live calls one token may open, with --api-key (0: no limit)",
+        int,
+        1,
+    ),
+    Option(
+        "call-messages-per-min",
+        "access",
+        "says and data-channel messages per call and minute, in bursts of a third of that "
+        "(0: no limit)",
+        int,
+        60,
+    ),
+    Option(
         "ice-address",
         "media",
         "host address ICE may use (repeatable; unset: all interfaces)",
@@ -209,6 +253,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "media",
         "NAT 1:1: IP announced in host candidates instead of the local one (ports kept)",
         to_config=_or_none,
+    ),
+    Option(
+        "peer-network",
+        "media",
+        "network (CIDR) of callers' private addresses whose offered candidates the server may "
+        "check, besides public ones (repeatable; a server on loopback takes all)",
+        kind=Kind.LIST,
+        field="peer_networks",
     ),
     Option("avatar", "engine", "portrait image or video (unset: the built-in avatar)", Path, None),
     Option(

@@ -33,6 +33,9 @@ from rtc_server.turn_controller import CallState, ListenSettings, Providers, Tur
 from rtc_server.vad import SAMPLE_RATE as VAD_RATE
 from rtc_server.vad import VADStream
 from rtc_server.watchdogs import PEER_SILENCE_S, connected_within, idle_for, peer_silent_for
+from signaling.errors import SignalingError
+from signaling.messages import ClientEvent
+from signaling.ratelimit import RateLimiter
 
 __all__ = ["PEER_SILENCE_S", "AvatarSession", "ListenSettings", "Providers"]
 
@@ -57,7 +60,9 @@ class AvatarSession:
         idle_timeout_s: float | None = None,
         peer_silence_s: float | None = PEER_SILENCE_S,
         still_repeat_s: float = STILL_REPEAT_S,
+        messages: RateLimiter | None = None,
     ) -> None:
+        """``messages`` limits the caller's says and data-channel messages (None: no limit)."""
         self.id = uuid.uuid4().hex
         self.pc = pc
         self.engine = engine
@@ -76,8 +81,9 @@ class AvatarSession:
         self._log = CallLog(logger, {"session": self.id[:8]})
         self._tasks = CallTasks(self.id, self._log)
         settings = settings or ListenSettings()
+        self._messages = messages
         self.events = EventChannel(
-            lambda event: self.turns.handle(event), self._log, max_chars=settings.max_text_chars
+            self._on_client_event, self._log, max_chars=settings.max_text_chars
         )
         self.turns = TurnController(
             providers,
@@ -208,6 +214,28 @@ class AvatarSession:
                 # less than a round trip through an executor thread would.
                 for event in vad.feed(downsample(frame)):
                     self.turns.on_vad(event)
+
+    def admit_message(self) -> None:
+        """Count one say or data-channel message of the caller; 429 rate_limited when over."""
+        if self._messages is None:
+            return
+        wait = self._messages.take("call")
+        if wait > 0:
+            raise SignalingError(
+                429,
+                "rate_limited",
+                f"too many says and messages in this call; try again in {wait:.1f} s",
+                headers={"Retry-After": RateLimiter.retry_after(wait)},
+            )
+
+    def say(self, text: str, *, interrupt: bool = False) -> str:
+        """A say over HTTP: counted, then queued (429 when over the rate or the queue)."""
+        self.admit_message()
+        return self.turns.say(text, interrupt=interrupt)
+
+    def _on_client_event(self, event: ClientEvent) -> None:
+        self.admit_message()
+        self.turns.handle(event)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         state = {"type": "state", "state": self.state.value}

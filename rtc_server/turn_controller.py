@@ -39,10 +39,13 @@ from rtc_server.vad import (
     VADEvent,
     VADParams,
 )
+from signaling.errors import SignalingError
 from signaling.messages import MAX_TEXT_CHARS, ClientEvent
 
 APOLOGY = "Sorry, I ran into a problem answering that."
 PAUSE_TAIL = VAD_RATE // 5
+MAX_QUEUED_SAYS = 16
+"""Says (and a reply) a call may have waiting or playing: more are refused, not queued."""
 """Silence (200 ms) added after the audio of a pause before it is transcribed."""
 
 EventSink = Callable[[dict[str, Any]], None]
@@ -141,8 +144,11 @@ class TurnController:
             self._start_turn(self._hear(event, timer, early))
 
     def handle(self, event: ClientEvent) -> None:
-        """One valid message from the caller's data channel."""
-        self.touch()
+        """One valid message from the caller's data channel.
+
+        An interrupt is not activity for the idle limit (a bot could hold a call open with
+        them); says and typed text are.
+        """
         if event.type == "say":
             self.say(event.text)
         elif event.type == "interrupt":
@@ -160,7 +166,16 @@ class TurnController:
         self._start_turn(self._reply(text, TurnTimer(self.clock(), clock=self.clock)))
 
     def say(self, text: str, *, interrupt: bool = False) -> str:
-        """Queue ``text`` to be spoken verbatim; returns its utterance id."""
+        """Queue ``text`` to be spoken verbatim; returns its utterance id.
+
+        SignalingError 429 ``say_queue_full`` when ``MAX_QUEUED_SAYS`` are waiting already."""
+        if len(self._speaking) >= MAX_QUEUED_SAYS:
+            raise SignalingError(
+                429,
+                "say_queue_full",
+                f"{MAX_QUEUED_SAYS} says are queued in this call already; wait for them to play",
+                headers={"Retry-After": "2"},
+            )
         self.touch()
         if interrupt:
             self.interrupt()
@@ -170,6 +185,11 @@ class TurnController:
         task.add_done_callback(self._speaking.discard)
         self._metrics.utterances.inc()
         return utterance_id
+
+    @property
+    def queued_says(self) -> int:
+        """Says and replies waiting or playing."""
+        return len(self._speaking)
 
     def interrupt(self) -> None:
         """Stop speaking now: text queued, synthesis in flight and frames rendered are dropped."""

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from signaling.errors import SignalingError
+from signaling.quota import CallQuota, client_key
 from signaling.ratelimit import RateLimiter
 
 MAX_TTL_S = 3600
@@ -58,6 +59,8 @@ class Grant:
     token: str
     avatar: str | None
     expires_at: float
+    id: str
+    """The token's own id (``jti``): what its call limit counts."""
 
 
 class TokenSigner:
@@ -95,7 +98,10 @@ class TokenSigner:
         if expires < (now or time.time()):
             raise SignalingError(401, "token_expired", "the token has expired")
         avatar = payload.get("avatar")
-        return Grant(token, avatar if isinstance(avatar, str) else None, expires)
+        jti = payload.get("jti")
+        if not isinstance(jti, str) or not jti:  # minted elsewhere: the token is its own id
+            jti = hashlib.sha256(body.encode()).hexdigest()[:16]
+        return Grant(token, avatar if isinstance(avatar, str) else None, expires, jti)
 
 
 def bearer(request: web.Request) -> str | None:
@@ -112,6 +118,10 @@ class AccessPolicy:
     """None: no auth (the default for a server on localhost)."""
     limiter: RateLimiter | None = None
     """Per-client limit on /offer and /token."""
+    quota: CallQuota | None = None
+    """Live calls per client and per token."""
+    public_origin: str | None = None
+    """The server's own origin as callers reach it; None: the request's scheme and host."""
 
     def origin_allowed(self, request: web.Request) -> bool:
         origin = request.headers.get("Origin")
@@ -121,7 +131,7 @@ class AccessPolicy:
 
     def is_allowed(self, origin: str, request: web.Request) -> bool:
         """Whether a page of ``origin`` may use this server (its own origin always may)."""
-        own = f"{request.scheme}://{request.host}"
+        own = self.public_origin or f"{request.scheme}://{request.host}"
         return origin == own or origin in self.allowed_origins or "*" in self.allowed_origins
 
     def frame_ancestors(self) -> str:
@@ -186,7 +196,7 @@ def access_middleware(policy: AccessPolicy) -> Callable[..., Awaitable[web.Strea
         if request.method == "OPTIONS":
             return web.Response(status=204, headers=cors)
         if policy.limiter is not None and request.path in ("/offer", "/token"):
-            wait = policy.limiter.take(request.remote or "?")
+            wait = policy.limiter.take(client_key(request.remote))
             if wait > 0:
                 raise SignalingError(
                     429,

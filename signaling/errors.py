@@ -92,8 +92,13 @@ def loads_json(raw: str | bytes, code: str, what: str) -> object:
         raise SignalingError(400, code, f"{what} has a number too long to read") from None
 
 
+def is_json_type(header: str | None) -> bool:
+    """Whether a Content-Type header names JSON (``application/json``, parameters aside)."""
+    return header is not None and header.split(";", 1)[0].strip().lower() == "application/json"
+
+
 async def read_json_object(request: web.Request) -> dict[str, object]:
-    """The request body as a JSON object, or a 400/413 SignalingError."""
+    """The request body as a JSON object, or a 400/413/415 SignalingError."""
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise SignalingError(413, "body_too_large", f"body is over {MAX_BODY_BYTES} bytes")
     if request.headers.get("Content-Encoding", "").strip().lower() not in ("", "identity"):
@@ -102,6 +107,14 @@ async def read_json_object(request: web.Request) -> dict[str, object]:
         # until the client gives up.
         raise SignalingError(
             415, "unsupported_encoding", "request bodies must not be compressed (Content-Encoding)"
+        )
+    if not is_json_type(request.headers.get("Content-Type")):
+        # A browser page may POST text/plain (or a Blob with no type) to any origin without a
+        # CORS preflight: only a JSON body makes it ask first.
+        raise SignalingError(
+            415,
+            "unsupported_media_type",
+            "request bodies must be JSON (Content-Type: application/json)",
         )
     try:
         raw = await request.read()

@@ -17,6 +17,8 @@ from signaling.messages import (
     parse_offer,
     parse_say,
 )
+from signaling.offer_rules import PeerRule
+from signaling.quota import client_key
 
 
 class SessionFactory(Protocol):
@@ -45,8 +47,11 @@ def add_routes(
     access: AccessPolicy | None = None,
     *,
     max_say_chars: int = MAX_TEXT_CHARS,
+    peers: PeerRule | None = None,
 ) -> None:
+    """``peers``: the offers' candidates the server may check (default: public addresses)."""
     access = access or AccessPolicy(frozenset(), None)
+    peers = peers or PeerRule()
     session_tokens: dict[str, str] = {}
     """With auth on: the token each session was opened with; its routes need the same."""
 
@@ -61,10 +66,22 @@ def add_routes(
 
     async def offer(request: web.Request) -> web.Response:
         grant = access.require_token(request)
-        parsed = parse_offer(await read_json_object(request))
+        parsed = parse_offer(await read_json_object(request), peers=peers)
         if grant is not None and grant.avatar is not None and grant.avatar != parsed.avatar:
             raise SignalingError(401, "wrong_scope", "the token is for another avatar")
-        answer = await factory.create_session(parsed)
+        reservation = None
+        if access.quota is not None:
+            access.quota.keep_only(factory.exists)
+            token_id = grant.id if grant is not None else None
+            reservation = access.quota.admit(client_key(request.remote), token_id)
+        try:
+            answer = await factory.create_session(parsed)
+        except BaseException:
+            if reservation is not None:
+                reservation.release()
+            raise
+        if reservation is not None:
+            reservation.bind(answer.session_id)
         if grant is not None:
             # Sessions that ended on their own (the caller hung up) leave their token here.
             for ended in [s for s in session_tokens if not factory.exists(s)]:
@@ -107,6 +124,8 @@ def add_routes(
         if not await factory.close_session(session_id):
             raise SignalingError(404, "unknown_session", f"no session {session_id!r}")
         session_tokens.pop(session_id, None)
+        if access.quota is not None:
+            access.quota.end(session_id)
         return web.Response(status=204)
 
     app.router.add_post("/offer", offer)

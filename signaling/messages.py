@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from aiortc.sdp import SessionDescription
 
 from signaling.errors import SignalingError, loads_json
+from signaling.offer_rules import PeerRule, check_sections, reachable_sdp
 
 MAX_TEXT_CHARS = 2000
 """Longest text accepted for a say or a typed turn, unless the server sets its own
 (``--max-say-chars``)."""
+
+
+CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+"""Control characters a text may not hold: all but tab, line feed and carriage return."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +35,9 @@ class Answer:
     session_id: str
 
 
-def parse_offer(body: dict[str, object]) -> Offer:
+def parse_offer(body: dict[str, object], *, peers: PeerRule) -> Offer:
+    """The offer of an /offer body, its candidates filtered by ``peers``; 400 for anything
+    a call cannot be built from (signaling.offer_rules)."""
     sdp = body.get("sdp")
     if not isinstance(sdp, str) or not sdp.strip():
         raise SignalingError(400, "bad_offer", "'sdp' must be a non-empty string")
@@ -42,15 +50,11 @@ def parse_offer(body: dict[str, object]) -> Offer:
         parsed = SessionDescription.parse(sdp)
     except Exception as exc:  # aiortc's parser raises whatever the bad line provokes
         raise SignalingError(400, "bad_sdp", f"the SDP offer could not be parsed: {exc}") from exc
-    kinds = [m.kind for m in parsed.media]
-    if "audio" not in kinds:
-        raise SignalingError(400, "no_audio", "the offer has no audio m-line")
-    if "video" not in kinds:
-        raise SignalingError(400, "no_video", "the offer has no video m-line to receive the avatar")
+    check_sections(parsed)
     video = next(m for m in parsed.media if m.kind == "video")
     codecs = tuple(dict.fromkeys(c.mimeType for c in video.rtp.codecs))
     return Offer(
-        sdp=sdp,
+        sdp=reachable_sdp(sdp, peers),
         avatar=avatar,
         has_audio=True,
         has_video=True,
@@ -66,8 +70,10 @@ def parse_text(
         raise SignalingError(400, "bad_text", f"'{field}' must be a non-empty string")
     if len(text) > max_chars:
         raise SignalingError(413, "text_too_long", f"'{field}' is over {max_chars} characters")
-    if "\x00" in text:  # Piper (espeak) refuses it
-        raise SignalingError(400, "bad_text", f"'{field}' must not contain NUL characters")
+    if CONTROL.search(text):  # Piper (espeak) refuses NUL; no voice speaks the others
+        raise SignalingError(
+            400, "bad_text", f"'{field}' must not contain control characters (but tab and newlines)"
+        )
     if not text.isascii():
         try:
             # JSON may spell lone surrogates ("\ud800"): no voice can encode them.
@@ -101,10 +107,20 @@ class ClientEvent:
     text: str = ""
 
 
+def max_message_chars(max_text_chars: int) -> int:
+    """The longest data-channel message that can hold a text of ``max_text_chars``: every
+    character spelled as a JSON escape pair (12 characters), and room for the other fields."""
+    return 12 * max_text_chars + 256
+
+
 def parse_client_event(message: str | bytes, *, max_chars: int = MAX_TEXT_CHARS) -> ClientEvent:
     """Validate one data-channel message; SignalingError's code becomes the error event's code."""
     if isinstance(message, bytes):
         raise SignalingError(400, "bad_message", "messages must be JSON text, not binary")
+    if len(message) > max_message_chars(max_chars):  # before any parsing
+        raise SignalingError(
+            413, "message_too_large", f"message is over {max_message_chars(max_chars)} characters"
+        )
     body = loads_json(message, "bad_message", "message")
     if not isinstance(body, dict):
         raise SignalingError(400, "bad_message", "message must be a JSON object")

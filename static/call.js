@@ -30,6 +30,24 @@ export async function httpError(response) {
   return error;
 }
 
+/**
+ * The call token a page's URL carries in its fragment (#token=...), or null. A fragment never
+ * reaches the server, a proxy or their logs, as a query would. The token is taken out of the
+ * address bar, so that a copied or bookmarked link does not carry it. A token in the query is
+ * not used: `queryToken` is then true, and the page says where the token goes.
+ */
+export function takeUrlToken() {
+  const queryToken = new URLSearchParams(location.search).has("token");
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  const token = fragment.get("token");
+  if (token !== null) {
+    fragment.delete("token");
+    const rest = fragment.toString();
+    history.replaceState(history.state, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+  }
+  return { token: token || null, queryToken };
+}
+
 /** Non-trickle signalling: wait for every candidate (or the timeout, then send what we have). */
 function iceGatheringComplete(pc) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();

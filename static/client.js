@@ -4,11 +4,12 @@
 // window.avatarCall is the current Call (pc, sessionId, channel, playing, states, events:
 // every data-channel event received, in order). Without it the page exposes nothing.
 
-import { Call, StatsSampler } from "./call.js";
+import { Call, StatsSampler, takeUrlToken } from "./call.js";
 
 const STATS_INTERVAL_MS = 1000;
-// A server started with --api-key wants a call token (POST /token): pass it as ?token=...
-const TOKEN = new URLSearchParams(location.search).get("token");
+// A server started with --api-key wants a call token (POST /token): pass it as #token=...
+const { token: TOKEN, queryToken: QUERY_TOKEN } = takeUrlToken();
+const QUERY_TOKEN_NOTE = "The call token goes in the link's fragment (#token=...), not its query (?token=...).";
 const TEST_HOOKS = new URLSearchParams(location.search).has("testHooks");
 
 const $ = (id) => document.getElementById(id);
@@ -132,6 +133,10 @@ function onEvent(c, event) {
 }
 
 async function startCall() {
+  if (QUERY_TOKEN && !TOKEN) {
+    setStatus(QUERY_TOKEN_NOTE, "error");
+    return;
+  }
   setInCall(true);
   setStatus("Connecting…");
   const current = new Call(ui.video, { token: TOKEN });

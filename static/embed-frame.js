@@ -15,7 +15,7 @@
 // it on from the host page's), window.avatarCall is the current Call; otherwise nothing is
 // exposed.
 
-import { Call } from "./call.js";
+import { Call, takeUrlToken } from "./call.js";
 
 const PROTOCOL = 1;
 const MAX_PENDING = 20;
@@ -26,8 +26,8 @@ const settings = {
   avatar: root.dataset.avatar || null,
   allowedOrigins: parseOrigins(root.dataset.allowedOrigins),
 };
-// A server started with --api-key wants a call token: from the start command, or ?token=...
-const URL_TOKEN = new URLSearchParams(location.search).get("token");
+// A server started with --api-key wants a call token: from the start command, or #token=...
+const { token: URL_TOKEN, queryToken: QUERY_TOKEN } = takeUrlToken();
 
 const $ = (id) => document.getElementById(id);
 const ui = { video: $("remote"), start: $("start"), mic: $("mic"), status: $("status") };
@@ -127,6 +127,12 @@ async function play() {
 
 async function startCall(token) {
   if (call) return;
+  if (QUERY_TOKEN && !token && !URL_TOKEN) {
+    const message = "the call token goes in the frame URL's fragment (#token=...), not its query";
+    setStatus(`Could not connect: ${message}`, "error");
+    postError("token_in_query", message);
+    return;
+  }
   ui.start.hidden = true;
   setStatus("Connecting…");
   const current = new Call(ui.video, { token: token || URL_TOKEN, avatar: settings.avatar });

@@ -23,6 +23,12 @@ os.environ.setdefault("AVATAR_RTC_WORKERS", "1")
 # the load a server would refuse calls for is the test's, not its own. Admission by headroom
 # is tested where a test asks for it (tests/test_headroom.py).
 os.environ.setdefault("AVATAR_RTC_NO_HEADROOM", "1")
+# Every caller of the tests is on 127.0.0.1: one client address, whose default limit of live
+# calls (2) would refuse the tests that hold more. tests/test_hardening.py sets its own.
+os.environ.setdefault("AVATAR_RTC_MAX_CALLS_PER_CLIENT", "0")
+# Likewise the tests send says and data-channel messages faster than a person does (the fuzz
+# tests hundreds a call); tests/test_hardening.py tests the limit.
+os.environ.setdefault("AVATAR_RTC_CALL_MESSAGES_PER_MIN", "0")
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +57,8 @@ async def start_server(
     # The same text always gives the same audio: what a test hears does not vary run to run.
     config.setdefault("piper_deterministic", True)
     config.setdefault("headroom", False)  # see AVATAR_RTC_NO_HEADROOM above
+    config.setdefault("max_calls_per_client", 0)  # see AVATAR_RTC_MAX_CALLS_PER_CLIENT above
+    config.setdefault("call_messages_per_min", 0)  # see AVATAR_RTC_CALL_MESSAGES_PER_MIN above
     cfg = ServerConfig.of(cache_dir=cache_dir, ice_addresses=("127.0.0.1",), port=8080, **config)
     app = create_app(cfg, engine_loader=lambda: engine_factory)
     runner = web.AppRunner(app, access_log=None)

@@ -66,6 +66,9 @@ async def test_call_page_plays_the_avatar(live_server: LiveServer, tmp_path: Pat
     """Start, H.264 decoded as sent, audio flowing, and speaking -> listening after a say."""
     started = time.monotonic()
     async with chromium_page(tmp_path / "profile") as page:
+        # The page works under its own Content-Security-Policy: Chromium logs each refusal.
+        refused: list[str] = []
+        page.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else 0)
         session_id = await start_call(page, f"{live_server.url}/")
         assert session_id in live_server.manager.sessions
         status = page.get_by_role("status")
@@ -87,6 +90,7 @@ async def test_call_page_plays_the_avatar(live_server: LiveServer, tmp_path: Pat
         await expect(status).to_contain_text("Call ended")
         await holds_within(lambda: session_id not in live_server.manager.sessions, 5.0)
     elapsed = time.monotonic() - started
+    assert not refused, refused
 
     video0, video1 = before["video"], after["video"]
     seconds = (video1["timestamp"] - video0["timestamp"]) / 1000
@@ -143,7 +147,7 @@ async def test_av_offset_measured_in_the_browser(live_server: LiveServer, tmp_pa
     engine = live_server.manager.engine_factory
     assert engine is not None and engine.mouth_box is not None
     started = time.monotonic()
-    async with chromium_page(tmp_path / "profile") as page:
+    async with chromium_page(tmp_path / "profile", bypass_csp=True) as page:
         await start_call(page, f"{live_server.url}/")
         await wait_for_sender_reports(page, 2)
         settled = await wait_for_audio_buffer_to_settle(page)

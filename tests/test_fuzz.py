@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.client
+import ipaddress
 import json
 import logging
 import re
@@ -51,7 +52,7 @@ from rtc_server.app import SessionManager
 from rtc_server.engine_factory import EngineFactory
 from signaling.access import TokenSigner
 from signaling.errors import SignalingError
-from signaling.messages import parse_client_event, parse_text
+from signaling.messages import max_message_chars, parse_client_event, parse_text
 from tests.conftest import LiveServer, start_server
 from tests.reliability import trials
 from tests.waiting import wait_until
@@ -288,6 +289,8 @@ def send(
         conn.close()
 
 
+JSON = [("Content-Type", b"application/json")]
+
 RESET = 0
 """Status of a request the server refused and reset before it was fully sent."""
 
@@ -474,23 +477,31 @@ junk_headers = st.lists(
     ),
     max_size=3,
 )
-content_types = st.one_of(
-    st.none(),
-    st.sampled_from(
-        [
-            b"application/json",
-            b"application/json; charset=utf-8",
-            b"application/json; charset=latin-1",
-            b"text/plain",
-            b"application/x-www-form-urlencoded",
-            b"multipart/form-data; boundary=xyz",
-            b"application/octet-stream",
-            b"",
-            b"*/*",
-            b"application/json; charset=\xff",
-        ]
+# JSON most of the time, so that most cases reach the handlers' own checks.
+content_types = weighted(
+    (6, st.just(b"application/json")),
+    (1, st.none()),
+    (
+        2,
+        st.sampled_from(
+            [
+                b"application/json",
+                b"application/json; charset=utf-8",
+                b"application/json; charset=latin-1",
+                b"text/plain",
+                b"application/x-www-form-urlencoded",
+                b"multipart/form-data; boundary=xyz",
+                b"application/octet-stream",
+                b"",
+                b"*/*",
+                b"application/json; charset=\xff",
+                b" Application/JSON ",
+                b"application/jsonx",
+                b"text/json",
+            ]
+        ),
     ),
-    header_values,
+    (1, header_values),
 )
 # How the body travels: as is, compressed (gzip, deflate), or claimed compressed but not.
 encodings = st.sampled_from(
@@ -677,6 +688,22 @@ def bearer_of(value: bytes | None) -> str | None:
     return rest.strip() if scheme.lower() == "bearer" and rest.strip() else None
 
 
+def host_refused(request: Request) -> bool:
+    """A server on loopback answers only for localhost and IP literals (SECURITY.md)."""
+    if request.host is None:
+        return False  # http.client's own Host: 127.0.0.1:port
+    name = header_text(request.host).lower()
+    if name.startswith("["):
+        name = name[1 : name.index("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return name != "localhost"
+    return False
+
+
 def origin_refused(request: Request, target: Target) -> bool:
     value = request.origin_header(target)
     if value is None:
@@ -697,6 +724,13 @@ def token_refusal(request: Request, target: Target) -> tuple[int, str] | None:
     return 401, "bad_token"
 
 
+def names_json(content_type: bytes | None) -> bool:
+    """Whether the server reads a body of this Content-Type: JSON's alone, parameters aside."""
+    if content_type is None:
+        return False
+    return header_text(content_type).split(";", 1)[0].strip().lower() == "application/json"
+
+
 def decoded_body(request: Request) -> dict[str, Any] | tuple[int, str]:
     """The JSON object the handler reads, or the error it must answer."""
     wire = request.wire_body()
@@ -704,6 +738,8 @@ def decoded_body(request: Request) -> dict[str, Any] | tuple[int, str]:
         return 413, "body_too_large"
     if request.encoding not in (None, "identity"):
         return 415, "unsupported_encoding"
+    if not names_json(request.content_type):
+        return 415, "unsupported_media_type"
     if len(request.body) > MAX_BODY:
         return 413, "body_too_large"
     try:
@@ -722,8 +758,8 @@ def text_refusal(value: dict[str, Any], field: str = "text") -> tuple[int, str] 
         return 400, "bad_text"
     if len(text) > MAX_CHARS:
         return 413, "text_too_long"
-    if "\x00" in text:
-        return 400, "bad_text"  # no voice can speak it
+    if any(ord(c) < 32 and c not in "\t\n\r" or 0x7F <= ord(c) <= 0x9F for c in text):
+        return 400, "bad_text"  # control characters: no voice can speak them
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -731,7 +767,24 @@ def text_refusal(value: dict[str, Any], field: str = "text") -> tuple[int, str] 
     return None
 
 
+OFFER_REFUSALS = {
+    (400, code)
+    for code in (
+        "bad_sdp",
+        "no_audio",
+        "no_video",
+        "bad_sections",
+        "no_fingerprint",
+        "no_ice_credentials",
+        "no_candidates",
+    )
+}
+"""What an offer that is not a real one may get (signaling.offer_rules)."""
+
+
 def expect_offer(request: Request, target: Target) -> Expected:
+    if host_refused(request):
+        return {(421, "unknown_host")}
     if origin_refused(request, target):
         return {(403, "origin_not_allowed")}
     scope = None
@@ -758,7 +811,7 @@ def expect_offer(request: Request, target: Target) -> Expected:
         answerable = (200, None)
     kinds = next((name for name, base in BASE_OFFERS.items() if base == sdp), None)
     if kinds is None:  # aiortc's parser is lenient: junk around a real offer may pass
-        return {(400, "bad_sdp"), (400, "no_audio"), (400, "no_video"), answerable}
+        return {*OFFER_REFUSALS, answerable}
     if kinds == "video":
         return {(400, "no_audio")}
     if kinds == "audio":
@@ -773,6 +826,8 @@ def routable(session_id: str) -> bool:
 
 def expect_say(request: Request, target: Target, session_id: str | None) -> Expected:
     """``session_id`` None: the live call's."""
+    if host_refused(request):
+        return {(421, "unknown_host")}
     if origin_refused(request, target):
         return {(403, "origin_not_allowed")}
     if session_id is not None and not routable(session_id):
@@ -792,6 +847,8 @@ def expect_say(request: Request, target: Target, session_id: str | None) -> Expe
 
 
 def expect_token(request: Request, target: Target) -> Expected:
+    if host_refused(request):
+        return {(421, "unknown_host")}
     if origin_refused(request, target):
         return {(403, "origin_not_allowed")}
     if not target.guarded:
@@ -1471,7 +1528,7 @@ def mutated_offers(draw: st.DrawFn) -> MutatedOffer:
     return MutatedOffer(base, steps, sdp)
 
 
-SDP_OUTCOMES = {(200, None), (400, "bad_sdp"), (400, "no_audio"), (400, "no_video")}
+SDP_OUTCOMES = {(200, None), *OFFER_REFUSALS}
 
 
 def fuzz_sdp(servers: dict[str, Target], log: ErrorLog, examples: int) -> None:
@@ -1490,7 +1547,7 @@ def fuzz_sdp(servers: dict[str, Target], log: ErrorLog, examples: int) -> None:
         def case(offer: MutatedOffer) -> None:
             with t.trial():
                 body = json.dumps({"sdp": offer.sdp, "type": "offer"}).encode()
-                reply = send(target.port, "POST", "/offer", body)
+                reply = send(target.port, "POST", "/offer", body, JSON)
                 try:
                     got = outcome(reply)
                     seen[got] += 1
@@ -1592,6 +1649,8 @@ def expect_event(message: str | bytes) -> str | None:
     """The code of the ``error`` event the message must get, or None when it is valid."""
     if isinstance(message, bytes):
         return "bad_message"
+    if len(message) > 12 * MAX_CHARS + 256:  # room for every character as a JSON escape pair
+        return "message_too_large"
     try:
         body = json.loads(message)
     except (ValueError, RecursionError):
@@ -1701,11 +1760,18 @@ def test_fuzz_data_channel_slow(
 
 
 def test_json_parsing_refuses_what_json_cannot_read() -> None:
-    for message in ("[" * 50_000, '{"type": ' * 20_000, "1" * 5000, '{"type": 1' + "0" * 5000):
+    # Nested deeper than Python's recursion limit, numbers too long: all under the size limit.
+    for message in ("[" * 5_000, '{"type": ' * 2_500, "1" * 5000, '{"type": 1' + "0" * 5000):
+        assert len(message) <= max_message_chars(MAX_CHARS)
         with pytest.raises(SignalingError) as err:
             parse_client_event(message)
         assert (err.value.status, err.value.code) == (400, "bad_message")
-    for text in ("a\x00b", "\ud800 hello", "hi \udfff"):
+    # Longer than any text needs: refused before it is parsed.
+    for message in ("[" * 50_000, '{"type": "say", "text": "' + "a" * 30_000 + '"}'):
+        with pytest.raises(SignalingError) as err:
+            parse_client_event(message)
+        assert (err.value.status, err.value.code) == (413, "message_too_large")
+    for text in ("a\x00b", "\ud800 hello", "hi \udfff", "bell\x07", "\x1b[2J"):
         with pytest.raises(SignalingError) as err:
             parse_text({"text": text})
         assert (err.value.status, err.value.code) == (400, "bad_text")
@@ -1737,9 +1803,9 @@ def test_odd_json_is_400_on_every_route(
     open_, guarded = servers["open"], servers["guarded"]
     key = [("Authorization", f"Bearer {KEY}".encode())]
     for target, path, headers in (
-        (open_, "/offer", []),
-        (open_, "/sessions/nope/say", []),
-        (guarded, "/token", key),
+        (open_, "/offer", JSON),
+        (open_, "/sessions/nope/say", JSON),
+        (guarded, "/token", key + JSON),
     ):
         reply = send(target.port, "POST", path, body, headers)
         assert (reply.status, assert_error_shape(reply)) == (400, "bad_json"), path
@@ -1815,7 +1881,7 @@ async def test_bad_messages_never_end_the_call(live_server: LiveServer) -> None:
         session_id = await connect(caller)
         session = live_server.manager.sessions[session_id]
         bad = [
-            "[" * 50_000,
+            "[" * 5_000,
             "1" * 5000,
             '{"type": "say", "text": "\\ud800"}',
             '{"type": "text", "text": "a\\u0000b"}',

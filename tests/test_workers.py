@@ -422,13 +422,23 @@ async def test_sigterm_drains_every_worker_then_exits(draining_front: Server) ->
 
 
 async def test_access_rules_hold_through_the_front(tmp_path: Path) -> None:
-    """Tokens, origins and the rate limit, over HTTPS (TLS ends at the front)."""
+    """Tokens, origins, the rate limit and the calls per client and per token, over HTTPS
+    (TLS ends at the front)."""
     key = "front-test-key"
     log = tmp_path / "front.log"
     cert_file, key_file = self_signed(tmp_path)
     tls = ssl.create_default_context(cafile=str(cert_file))
     url, process = await _spawn_front(
-        log, "--api-key", key, "--cert-file", str(cert_file), "--key-file", str(key_file), tls=tls
+        log,
+        "--api-key",
+        key,
+        "--cert-file",
+        str(cert_file),
+        "--key-file",
+        str(key_file),
+        "--max-calls-per-client",
+        "1",
+        tls=tls,
     )
     request = functools.partial(_request, tls=tls)
     try:
@@ -446,6 +456,11 @@ async def test_access_rules_hold_through_the_front(tmp_path: Path) -> None:
         status, other = await request("POST", url + "/token", headers=auth, json={})
         assert status == 200
         wrong = {"Authorization": f"Bearer {other['token']}"}
+        # One live call per token, and here one per client: counted by the front for the
+        # whole server, whichever worker would take the next call.
+        for headers in (token, wrong):
+            status, body = await request("POST", url + "/offer", json=offer, headers=headers)
+            assert status == 429 and body["error"]["code"] == "too_many_calls", body
         say = f"{url}/sessions/{session}/say"
         status, body = await request("POST", say, json={"text": "hi"}, headers=wrong)
         assert status == 401, body
@@ -462,6 +477,16 @@ async def test_access_rules_hold_through_the_front(tmp_path: Path) -> None:
         # The internal status route is not reachable from outside.
         status, _ = await request("GET", url + "/_worker/status")
         assert status == 404
+        # The security headers, on the pages the workers serve and the front's own answers;
+        # a host name the server does not answer for is refused at the front.
+        async with aiohttp.ClientSession() as http:
+            for path in ("/static/index.html", "/_worker/status", "/healthz"):
+                async with http.get(url + path, ssl=tls) as resp:
+                    assert resp.headers["Referrer-Policy"] == "no-referrer", path
+                    assert "frame-ancestors 'self'" in resp.headers["Content-Security-Policy"]
+            rebound = {"Host": "rebound.example"}
+            async with http.get(url + "/static/index.html", ssl=tls, headers=rebound) as resp:
+                assert resp.status == 421, await resp.text()
         # One rate limit for the whole server (the default: bursts of 20, one more a second),
         # whichever worker a request reaches (/token goes to each in turn) and whatever
         # X-Forwarded-For a client claims. A bucket per worker would let about 40 through.
@@ -481,6 +506,9 @@ async def test_access_rules_hold_through_the_front(tmp_path: Path) -> None:
         assert codes.count(200) <= 26, codes
         status, _ = await request("DELETE", f"{url}/sessions/{session}", headers=token)
         assert status == 204
+        await asyncio.sleep(1.1)  # the rate limit's next token
+        status, body = await request("POST", url + "/offer", json=offer, headers=wrong)
+        assert status == 200, body  # the ended call no longer counts
     finally:
         await _stop(process)
     assert process.returncode == 0

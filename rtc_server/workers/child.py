@@ -1,10 +1,11 @@
 """One worker process: ``python -m rtc_server.workers.child`` with a pickled WorkerSpec on stdin.
 
 The whole single-process server (``rtc_server.app``) on a unix socket, with three additions:
-the forwarded client address and scheme are trusted (only the front can reach the socket),
-the rate limit is the front's (one bucket per client for the whole server, not one per
-worker), and ``/_worker/status`` tells the front which calls it holds. A worker whose front
-has gone drains as on SIGTERM.
+the forwarded client address and scheme are trusted (only the front can reach the socket, and
+it has checked the host name),
+the rate limit and the calls per client and per token are the front's (counted for the whole
+server, not per worker), and ``/_worker/status`` tells the front which calls it holds. A
+worker whose front has gone drains as on SIGTERM.
 """
 
 from __future__ import annotations
@@ -117,9 +118,16 @@ def main() -> int:
         print(f"avatar-rtc: error: {exc}", file=sys.stderr)
         return 2
     quiet_telemetry()
-    # TLS ends at the front; the front enforces the rate limit for the whole server.
-    config = spec.config.replace(rate_limit_per_min=0, cert_file=None, key_file=None)
-    app = create_app(config, engine_loader=lambda: factory)
+    # TLS ends at the front; the front enforces the rate limit and the calls per client and
+    # per token for the whole server.
+    config = spec.config.replace(
+        rate_limit_per_min=0,
+        max_calls_per_client=0,
+        max_calls_per_token=0,
+        cert_file=None,
+        key_file=None,
+    )
+    app = create_app(config, engine_loader=lambda: factory, behind_front=True)
     add_worker_parts(app, spec.parent_pid, spec.secret, config.server.drain_timeout_s)
     asyncio.run(serve(app, path=spec.socket_path, drain_timeout_s=config.server.drain_timeout_s))
     return 0

@@ -7,9 +7,10 @@
   know goes to any worker, which answers as a single server would (404, or 401 with auth).
 - ``/healthz``, ``/readyz`` and ``/metrics`` are the front's own; everything else (pages,
   ``/token``, ``/ice-servers``) goes to any ready worker.
-- Access: origins, preflights and the rate limit are checked here (the rate limit once for
-  the whole server, by the client address the front sees); tokens and a session's token are
-  checked by the worker, which gets the client's address and scheme from the front.
+- Access: origins, preflights, the rate limit and the live calls per client and per token
+  are checked here (once for the whole server, by the client address the front sees); tokens
+  and a session's token are checked by the worker too, which gets the client's address and
+  scheme from the front.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from rtc_server.workers.protocol import (
 )
 from signaling.access import access_middleware
 from signaling.errors import MAX_BODY_BYTES, SignalingError, error_middleware
+from signaling.headers import security_headers_middleware
+from signaling.quota import Reservation, client_key
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ HOP_BY_HOP = frozenset(
         "host",
         FORWARDED_FOR.lower(),
         FORWARDED_PROTO.lower(),
+        "x-forwarded-host",  # the front has applied it (from a trusted proxy) or ignored it
         "forwarded",
         STATUS_SECRET.lower(),
     }
@@ -66,7 +70,13 @@ POOL = web.AppKey("pool", WorkerPool)
 def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
     access = config.access.build_policy()
     app = web.Application(
-        middlewares=[error_middleware, access_middleware(access)], client_max_size=MAX_BODY_BYTES
+        middlewares=[
+            security_headers_middleware(access),
+            error_middleware,
+            config.access.client_view(config.server.host).middleware(),
+            access_middleware(access),
+        ],
+        client_max_size=MAX_BODY_BYTES,
     )
     app[POOL] = pool
 
@@ -123,7 +133,7 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def offer(request: web.Request) -> web.StreamResponse:
-        access.require_token(request)  # 401 before anything else, as a single server
+        grant = access.require_token(request)  # 401 before anything else, as a single server
         if pool.draining:
             raise SignalingError(
                 503,
@@ -144,20 +154,44 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
                 headers={"Retry-After": "5"},
             )
         body = await read_body(request)
-        # The least-loaded worker first; one with no headroom left (503 at_capacity) passes
-        # the call to the next. The last refusal is the answer when none has room.
-        for worker in workers:
-            worker.inflight += 1
-            try:
-                status, headers, payload = await forward(worker, request, body)
-                if status == 200:
-                    session_id = json.loads(payload)["session_id"]
-                    worker.sessions[str(session_id)] = asyncio.get_running_loop().time()
-            finally:
-                worker.inflight -= 1
-            if not _at_capacity(status, payload):
-                break
+        reservation = await admit(request, None if grant is None else grant.id)
+        session_id = None
+        try:
+            # The least-loaded worker first; one with no headroom left (503 at_capacity)
+            # passes the call to the next. The last refusal is the answer when none has room.
+            for worker in workers:
+                worker.inflight += 1
+                try:
+                    status, headers, payload = await forward(worker, request, body)
+                    if status == 200:
+                        session_id = str(json.loads(payload)["session_id"])
+                        worker.sessions[session_id] = asyncio.get_running_loop().time()
+                finally:
+                    worker.inflight -= 1
+                if not _at_capacity(status, payload):
+                    break
+        finally:
+            if reservation is not None:
+                if session_id is None:
+                    reservation.release()
+                else:
+                    reservation.bind(session_id)
         return web.Response(status=status, headers=headers, body=payload)
+
+    async def admit(request: web.Request, token_id: str | None) -> Reservation | None:
+        """The call counted against its client's and token's limits (429 when over): the
+        front owns them for the whole server, its workers do not count again."""
+        quota = access.quota
+        if quota is None:
+            return None
+        client = client_key(request.remote)
+        live = lambda s: pool.worker_of(s) is not None  # noqa: E731
+        quota.keep_only(live)
+        if quota.over(client, token_id) is not None:
+            # Calls that ended since the last poll still count: ask the workers now.
+            await asyncio.gather(*(pool.refresh(w) for w in pool.workers if w.alive))
+            quota.keep_only(live)
+        return quota.admit(client, token_id)
 
     async def session_route(request: web.Request) -> web.StreamResponse:
         session_id = request.match_info["session_id"]
@@ -183,6 +217,8 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
             ) from None
         if request.method == "DELETE" and status == 204 and worker is not None:
             worker.sessions.pop(session_id, None)
+            if access.quota is not None:
+                access.quota.end(session_id)
         return web.Response(status=status, headers=headers, body=payload)
 
     async def other(request: web.Request) -> web.StreamResponse:
