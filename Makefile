@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test test-slow install chromium lint lint-js clean
+.PHONY: run test test-slow install chromium coturn lint lint-js clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,15 @@ chromium:
 	  echo "installing Chromium from Debian..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# coturn from Debian for the TURN relay test (tests/test_turn_relay.py), which runs its own on
+# 127.0.0.1. The package's own service is stopped and disabled: nothing listens for TURN on
+# this machine but the test's.
+coturn:
+	@command -v turnserver >/dev/null 2>&1 || { \
+	  echo "installing coturn from Debian..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq coturn >/dev/null; \
+	  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now coturn >/dev/null 2>&1 || true; fi; }
+
 lint: install lint-js
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -47,7 +56,7 @@ lint-js: node_modules/.installed
 
 # Tests run in a network namespace holding only `lo` where that is allowed (root), so no packet
 # of any call can leave 127.0.0.1; elsewhere they run as they are, still bound to 127.0.0.1.
-test: install chromium lint
+test: install chromium coturn lint
 	@if [ "$$(id -u)" = 0 ] && command -v ip >/dev/null && unshare -n true 2>/dev/null; then \
 	  unshare -n sh -c 'ip link set lo up && exec $(PY) -m pytest $(PYTEST_ARGS)'; \
 	else \

@@ -97,6 +97,9 @@ class AccessSettings:
     """Browser origins besides the server's own that may call the API ("*": any)."""
     api_key: str | None = field(default=None, repr=False)
     """Turns token auth on: /offer then needs a token minted by POST /token."""
+    private_network: bool = False
+    """Only a private network reaches the server: TURN credentials may go out without
+    --api-key (on a public one, /ice-servers would hand a relay to anyone)."""
     rate_limit_per_min: int = 60
     """/offer and /token requests per client address and minute, in bursts of up to a third
     of that (0: no limit)."""
@@ -326,6 +329,15 @@ class ServerConfig:
     media: MediaSettings = field(default_factory=MediaSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
     conversation: ConversationSettings = field(default_factory=ConversationSettings)
+
+    def __post_init__(self) -> None:
+        relay = self.media.turn_secret or any("@" in url for url in self.media.ice_servers)
+        if relay and not self.access.api_key and not self.access.private_network:
+            raise ConfigError(
+                "TURN credentials without --api-key: /ice-servers would hand a relay to anyone "
+                "who asks. Set --api-key (AVATAR_RTC_API_KEY), or --private-network if only a "
+                "private network reaches this server"
+            )
 
     @classmethod
     def of(cls, **fields: Any) -> ServerConfig:

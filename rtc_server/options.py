@@ -177,6 +177,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         to_config=_or_none,
     ),
     Option(
+        "private-network",
+        "access",
+        "only a private network reaches this server: it may hand out TURN credentials "
+        "without --api-key",
+        kind=Kind.SWITCH,
+    ),
+    Option(
         "rate-limit-per-min",
         "access",
         "/offer and /token requests per client address and minute (0: no limit)",

@@ -19,7 +19,12 @@ from rtc_server.options import SERVE_OPTIONS, config_from, env_default, option
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S = DEPLOY / "k8s"
 YAML_FILES = sorted([*DEPLOY.glob("*.yml"), *DEPLOY.glob("*.yaml"), *K8S.glob("*.yaml")])
-SAMPLE = {"PUBLIC_IP": "127.0.0.1", "HOST_IP": "127.0.0.1", "TURN_SECRET": "s3cret"}
+SAMPLE = {
+    "PUBLIC_IP": "127.0.0.1",
+    "HOST_IP": "127.0.0.1",
+    "TURN_SECRET": "s3cret",
+    "API_KEY": "sample-api-key",
+}
 """Values for the variables the files interpolate (compose ${VAR}, Kubernetes $(VAR))."""
 
 
@@ -145,6 +150,8 @@ def test_coturn_checks_the_credentials_the_server_mints() -> None:
     assert any(
         a.startswith("--static-auth-secret=${" + secret_var.group(1)) for a in coturn["command"]
     )
+    # With TURN on, calls need tokens: compose refuses to start without an API key.
+    assert server_env["AVATAR_RTC_API_KEY"].startswith("${API_KEY:?")
     assert "/etc/coturn/turnserver.conf" in coturn["command"]
     assert any(v.startswith("./turnserver.conf:") for v in coturn["volumes"])
     # The TURN URLs handed to browsers name coturn's port.

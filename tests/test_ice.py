@@ -237,6 +237,7 @@ async def test_a_call_connects_when_the_servers_own_turn_allocation_fails(
         cache_dir,
         turn_secret=SECRET,
         turn_urls=(f"turn:127.0.0.1:{closed_port}?transport=udp",),
+        private_network=True,  # no --api-key: told it is on a private network
     )
     caller = CallClient(server.url, record_video=False)
     try:
@@ -350,11 +351,26 @@ def test_turn_and_public_address_flags() -> None:
         ({"turn_secret": SECRET, "turn_urls": TURN_URLS, "turn_ttl_s": 5}, "turn_ttl_s"),
         ({"public_address": "my.host.example"}, "--public-address"),
         ({"public_address": "0.0.0.0"}, "--public-address"),
+        # Relay credentials for anyone who asks /ice-servers: an open relay.
+        ({"turn_secret": SECRET, "turn_urls": TURN_URLS}, "TURN credentials without --api-key"),
+        ({"ice_servers": ("turn:bob:pw@127.0.0.1:3478",)}, "TURN credentials without --api-key"),
     ],
 )
 def test_bad_ice_settings_are_refused(config: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ServerConfig.of(**config)
+
+
+def test_turn_credentials_go_out_only_to_token_holders_or_on_a_private_network(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    turn = {"turn_secret": SECRET, "turn_urls": TURN_URLS}
+    assert ServerConfig.of(**turn, api_key=KEY).media.turn_secret == SECRET
+    assert ServerConfig.of(**turn, private_network=True).access.private_network
+    argv = ["serve", "--turn-secret", SECRET, "--turn-url", TURN_URLS[0]]
+    assert main([*argv, "--cache-dir", str(tmp_path)], {}) == 2
+    error = capsys.readouterr().err
+    assert "--api-key" in error and "--private-network" in error
 
 
 def test_bad_ice_server_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
