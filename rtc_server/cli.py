@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rtc_server import __version__
-from rtc_server.config import ServerConfig, default_cache_dir
+from rtc_server.config import ConfigError, ServerConfig, default_cache_dir
 from rtc_server.logs import configure_logging
 from rtc_server.options import (
     SERVE_OPTIONS,
     EnvError,
     add_options,
+    add_secret_argument,
     config_from,
     env_default,
     option,
+    secret_from,
 )
 
 if TYPE_CHECKING:
@@ -73,10 +75,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="say which engine, providers and codecs would be used, and why")
 
-    tok = sub.add_parser("token", help="mint a call token for a server started with --api-key")
-    tok.add_argument(
-        "--api-key", default=env_default(option("api-key"), environ), help="the server's key"
-    )
+    tok = sub.add_parser("token", help="mint a call token for a server with an API key")
+    add_secret_argument(tok, option("api-key"), environ)
     tok.add_argument("--ttl-s", type=int, default=300)
     tok.add_argument("--avatar", default=None, help="limit the token to this avatar")
 
@@ -246,16 +246,21 @@ def _download_weights(args: argparse.Namespace) -> int:
     return 0
 
 
-def _token(args: argparse.Namespace) -> int:
+def _token(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from signaling.access import MAX_TTL_S, TokenSigner
 
-    if not args.api_key:
-        print("avatar-rtc: error: give --api-key or AVATAR_RTC_API_KEY", file=sys.stderr)
+    try:
+        key = secret_from(option("api-key"), args.api_key_file, environ)
+    except ConfigError as exc:
+        print(f"avatar-rtc: error: {exc}", file=sys.stderr)
+        return 2
+    if not key:
+        print("avatar-rtc: error: set AVATAR_RTC_API_KEY or give --api-key-file", file=sys.stderr)
         return 2
     if not 1 <= args.ttl_s <= MAX_TTL_S:
         print(f"avatar-rtc: error: --ttl-s must be 1..{MAX_TTL_S}", file=sys.stderr)
         return 2
-    print(TokenSigner(args.api_key).mint(ttl_s=args.ttl_s, avatar=args.avatar))
+    print(TokenSigner(key).mint(ttl_s=args.ttl_s, avatar=args.avatar))
     return 0
 
 
@@ -307,7 +312,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.command == "doctor":
         return _doctor()
     if args.command == "token":
-        return _token(args)
+        return _token(args, environ)
     if args.command == "bench":
         from benchmarks.cli import main as bench_main
 

@@ -91,6 +91,37 @@ class ServerSettings:
             raise ConfigError("max_say_chars must be at least 1")
 
 
+MIN_KEY_CHARS = 32
+PLACEHOLDERS = (
+    "replace-me",
+    "replace_me",
+    "replaceme",
+    "changeme",
+    "change-me",
+    "change_me",
+    "placeholder",
+    "example",
+    "your-key",
+    "your_key",
+    "xxxxxxxx",
+)
+"""Words of the values that examples and templates ship: such a key is public knowledge."""
+
+
+def check_key(what: str, value: str | None) -> None:
+    """ConfigError for a key anyone could guess: short, of few characters, or a placeholder."""
+    if value is None:
+        return
+    how = "generate one with `openssl rand -hex 32`"
+    lowered = value.lower()
+    if any(word in lowered for word in PLACEHOLDERS) or lowered in ("secret", "password"):
+        raise ConfigError(f"{what} is a placeholder from an example: {how}")
+    if len(value) < MIN_KEY_CHARS:
+        raise ConfigError(f"{what} is {len(value)} characters, under {MIN_KEY_CHARS}: {how}")
+    if len(set(value)) < 8:
+        raise ConfigError(f"{what} repeats a few characters ({len(set(value))} distinct): {how}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AccessSettings:
     allowed_origins: tuple[str, ...] = ()
@@ -99,7 +130,7 @@ class AccessSettings:
     """Turns token auth on: /offer then needs a token minted by POST /token."""
     private_network: bool = False
     """Only a private network reaches the server: TURN credentials may go out without
-    --api-key (on a public one, /ice-servers would hand a relay to anyone)."""
+    an API key (on a public one, /ice-servers would hand a relay to anyone)."""
     rate_limit_per_min: int = 60
     """/offer and /token requests per client address and minute, in bursts of up to a third
     of that (0: no limit)."""
@@ -117,6 +148,7 @@ class AccessSettings:
     (429 rate_limited over HTTP, an error event on the channel; 0: no limit)."""
 
     def __post_init__(self) -> None:
+        check_key("the API key (--api-key-file, AVATAR_RTC_API_KEY)", self.api_key)
         for name in (
             "rate_limit_per_min",
             "max_calls_per_client",
@@ -194,7 +226,11 @@ class MediaSettings:
 
     def __post_init__(self) -> None:
         if bool(self.turn_secret) != bool(self.turn_urls):
-            raise ConfigError("--turn-secret and --turn-url go together")
+            raise ConfigError(
+                "a TURN secret (AVATAR_RTC_TURN_SECRET, --turn-secret-file) and --turn-url "
+                "go together"
+            )
+        check_key("the TURN secret (--turn-secret-file, AVATAR_RTC_TURN_SECRET)", self.turn_secret)
         for url in self.turn_urls:
             if not url.startswith(("turn:", "turns:")) or "@" in url:
                 raise ConfigError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
@@ -334,9 +370,9 @@ class ServerConfig:
         relay = self.media.turn_secret or any("@" in url for url in self.media.ice_servers)
         if relay and not self.access.api_key and not self.access.private_network:
             raise ConfigError(
-                "TURN credentials without --api-key: /ice-servers would hand a relay to anyone "
-                "who asks. Set --api-key (AVATAR_RTC_API_KEY), or --private-network if only a "
-                "private network reaches this server"
+                "TURN credentials without an API key: /ice-servers would hand a relay to "
+                "anyone who asks. Set AVATAR_RTC_API_KEY or --api-key-file, or "
+                "--private-network if only a private network reaches this server"
             )
 
     @classmethod

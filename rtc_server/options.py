@@ -68,6 +68,10 @@ class Option:
     """How the parsed value becomes the field's (default: as it is)."""
     in_config: bool = True
     """False: the command reads it itself (``--workers`` shapes the processes)."""
+    secret: bool = False
+    """A key: from the environment (``AVATAR_RTC_<FLAG>``) or a file (``--<flag>-file``,
+    ``AVATAR_RTC_<FLAG>_FILE``), never from the command line, which every user of the machine
+    can read (``ps``, ``/proc/<pid>/cmdline``)."""
 
     @property
     def dest(self) -> str:
@@ -76,6 +80,51 @@ class Option:
     @property
     def env(self) -> str:
         return "AVATAR_RTC_" + self.flag.upper().replace("-", "_")
+
+    @property
+    def cli_flag(self) -> str:
+        """The flag on the command line: a secret's names its file."""
+        return self.flag + "-file" if self.secret else self.flag
+
+
+class _RefusedOnCommandLine(argparse.Action):
+    """A secret given as a flag's value: refused, saying where it goes."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        flag = self.option_strings[0]
+        parser.error(
+            f"{flag} does not take the key on the command line, where every user of this "
+            f"machine can read it: set {self.metavar} or give {flag}-file PATH"
+        )
+
+
+def add_secret_argument(group: Any, o: Option, environ: Mapping[str, str]) -> None:
+    """``--<flag>-file PATH`` (default ``AVATAR_RTC_<FLAG>_FILE``), and ``--<flag>`` refused."""
+    group.add_argument(
+        f"--{o.cli_flag}",
+        default=environ.get(o.env + "_FILE") or None,
+        metavar="PATH",
+        help=o.help.replace("%", "%%") + f" [{o.env}, or the file in {o.env}_FILE]",
+    )
+    group.add_argument(
+        f"--{o.flag}", action=_RefusedOnCommandLine, metavar=o.env, help=argparse.SUPPRESS
+    )
+
+
+def secret_from(o: Option, path: str | None, environ: Mapping[str, str]) -> str | None:
+    """A secret option's value: from its file, or from its variable; None when neither."""
+    given = environ.get(o.env, "").strip() or None
+    if path is None:
+        return given
+    if given is not None:
+        raise ConfigError(f"{o.env} and --{o.cli_flag} are both set: give the key once")
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--{o.cli_flag} {path}: cannot read it ({exc})") from None
+    if not value:
+        raise ConfigError(f"--{o.cli_flag} {path} is empty")
+    return value
 
 
 def _or_none(value: Any) -> Any:
@@ -173,14 +222,15 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option(
         "api-key",
         "access",
-        "turn token auth on: POST /token with this key mints call tokens",
-        to_config=_or_none,
+        "file holding the key that turns token auth on (POST /token with it mints call "
+        "tokens); at least 32 characters, e.g. `openssl rand -hex 32`",
+        secret=True,
     ),
     Option(
         "private-network",
         "access",
         "only a private network reaches this server: it may hand out TURN credentials "
-        "without --api-key",
+        "without an API key",
         kind=Kind.SWITCH,
     ),
     Option(
@@ -215,7 +265,7 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option(
         "max-calls-per-token",
         "access",
-        "live calls one token may open, with --api-key (0: no limit)",
+        "live calls one token may open, with an API key (0: no limit)",
         int,
         1,
     ),
@@ -244,8 +294,9 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option(
         "turn-secret",
         "media",
-        "coturn's static-auth-secret: mint time-limited TURN credentials for --turn-url",
-        to_config=_or_none,
+        "file holding coturn's static-auth-secret: mint time-limited TURN credentials for "
+        "--turn-url; at least 32 characters",
+        secret=True,
     ),
     Option(
         "turn-url",
@@ -369,7 +420,9 @@ def add_options(
             groups[o.group] = parser.add_argument_group(o.group, GROUPS[o.group])
         group = groups[o.group]
         name, helptext = "--" + o.flag, o.help.replace("%", "%%") + f" [{o.env}]"
-        if o.kind is Kind.SWITCH:
+        if o.secret:
+            add_secret_argument(group, o, environ)
+        elif o.kind is Kind.SWITCH:
             group.add_argument(
                 name, action="store_true", default=env_default(o, environ), help=helptext
             )
@@ -395,7 +448,9 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
     for o in SERVE_OPTIONS:
         if not o.in_config:
             continue
-        value = getattr(args, o.dest)
+        value = getattr(args, o.cli_flag.replace("-", "_"))
+        if o.secret:
+            value = secret_from(o, value, environ)
         if o.kind is Kind.LIST:
             value = tuple(value or env_default(o, environ))
         if o.to_config is not None:
@@ -427,9 +482,10 @@ def markdown() -> str:
         for o in SERVE_OPTIONS:
             if o.group != group:
                 continue
-            flag = f"`--{o.flag}`" + (f" ({', '.join(o.choices)})" if o.choices else "")
+            flag = f"`--{o.cli_flag}`" + (f" ({', '.join(o.choices)})" if o.choices else "")
             meaning = o.help.replace("|", "\\|")
-            lines.append(f"| {flag} | `{o.env}` | {_shown_default(o)} | {meaning} |")
+            env = f"`{o.env}`, `{o.env}_FILE`" if o.secret else f"`{o.env}`"
+            lines.append(f"| {flag} | {env} | {_shown_default(o)} | {meaning} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -16,7 +16,7 @@ from signaling.errors import SignalingError
 from tests.conftest import LiveServer, start_server
 from tests.waiting import wait_until
 
-KEY = "test-api-key-0123456789"
+KEY = "test-api-key-0123456789-abcdefghijk"
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ YAML_FILES = sorted([*DEPLOY.glob("*.yml"), *DEPLOY.glob("*.yaml"), *K8S.glob("*
 SAMPLE = {
     "PUBLIC_IP": "127.0.0.1",
     "HOST_IP": "127.0.0.1",
-    "TURN_SECRET": "s3cret",
-    "API_KEY": "sample-api-key",
+    "TURN_SECRET": "sample-turn-secret-0123456789abcdef",
+    "API_KEY": "sample-api-key-0123456789abcdefghij",
 }
 """Values for the variables the files interpolate (compose ${VAR}, Kubernetes $(VAR))."""
 

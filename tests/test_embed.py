@@ -28,7 +28,7 @@ from tests.conftest import LiveServer, start_server
 
 needs_chromium = pytest.mark.skipif(chromium_missing() is not None, reason=chromium_missing() or "")
 
-KEY = "embed-test-api-key-0123"
+KEY = "embed-test-api-key-0123-abcdefghijk"
 PARTNER = "https://partner.example"
 
 
@@ -329,7 +329,13 @@ async def test_a_host_page_embeds_the_avatar_and_drives_it(
             messages = await page.evaluate("() => window.messages")
         types = [e["type"] for e in events]
         assert types[0] == "ready"
-        assert not [e for e in events if "forged" in json.dumps(e) or e.get("code")]
+        # No forged message got through and nothing failed. engine_behind is no failure: a
+        # busy machine's notice that the picture skips ahead (the call goes on).
+        assert not [
+            e
+            for e in events
+            if "forged" in json.dumps(e) or e.get("code") not in (None, "engine_behind")
+        ]
         assert all("avatarRtc" not in e for e in events)  # the library strips its marker
         # What the page's window saw came only from the frame, with the protocol's marker.
         assert all(m.get("avatarRtc") == 1 for m in messages if "forged" not in json.dumps(m))

@@ -66,7 +66,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Generating overly large repr"),  # 60 kB messages
 ]
 
-KEY = "fuzz-api-key-0123456789"
+KEY = "fuzz-api-key-0123456789-abcdefghijk"
 ALLOWED = "http://host.example:9000"
 MAX_BODY = 64 * 1024
 MAX_CHARS = 2000

@@ -165,11 +165,14 @@ async def test_one_client_cannot_hold_more_than_its_calls(server: LiveServer) ->
             await call.close()
 
 
-@pytest.mark.config(api_key="k" * 32, max_calls_per_client=0)
+KEY = "hardening-test-key-0123456789abcdef"
+
+
+@pytest.mark.config(api_key=KEY, max_calls_per_client=0)
 async def test_one_token_opens_one_call(server: LiveServer) -> None:
     async def mint() -> str:
         async with aiohttp.ClientSession() as http:
-            auth = {"Authorization": "Bearer " + "k" * 32}
+            auth = {"Authorization": "Bearer " + KEY}
             async with http.post(server.url + "/token", json={}, headers=auth) as resp:
                 return str((await resp.json())["token"])
 

@@ -25,13 +25,14 @@ from rtc_server.cli import build_parser, main
 from rtc_server.config import ServerConfig
 from rtc_server.engine_factory import EngineFactory
 from rtc_server.ice import IceServers, announce_address, turn_rest_credentials
+from rtc_server.options import config_from
 from signaling.access import TokenSigner
 from tests.conftest import LiveServer, start_server
 from tests.waiting import wait_for_video
 
-SECRET = "north-wind-secret"
+SECRET = "north-wind-secret-7f3a9c2e5b1d4068"
 TURN_URLS = ("turn:127.0.0.1:3478?transport=udp", "turn:127.0.0.1:3478?transport=tcp")
-KEY = "ice-test-api-key"
+KEY = "ice-test-api-key-0123456789abcdefgh"
 
 
 def _expected_credential(secret: str, username: str) -> str:
@@ -44,8 +45,9 @@ def test_turn_credentials_worked_example() -> None:
     username, credential = turn_rest_credentials(SECRET, "alice", 3600, now=1_700_000_000)
     assert username == "1700003600:alice"
     assert credential == _expected_credential(SECRET, "1700003600:alice")
-    # The same value from `openssl dgst -sha1 -hmac north-wind-secret -binary | base64`.
-    assert credential == "Ev9WJy6IiNjALah9jF2ImB4FP0Y="
+    # The same value from `openssl dgst -sha1 -hmac north-wind-secret-7f3a9c2e5b1d4068 -binary
+    # | base64`.
+    assert credential == "rW0RxJie/68CfpkUtsvhntNaIPg="
     assert turn_rest_credentials("another", "alice", 3600, now=1_700_000_000)[1] != credential
 
 
@@ -335,25 +337,27 @@ def test_turn_and_public_address_flags() -> None:
         "AVATAR_RTC_TURN_SECRET": SECRET,
         "AVATAR_RTC_TURN_URL": ",".join(TURN_URLS),
         "AVATAR_RTC_PUBLIC_ADDRESS": "127.0.0.1",
+        "AVATAR_RTC_API_KEY": KEY,
     }
     args = build_parser(env).parse_args(["serve", "--turn-ttl-s", "120"])
-    assert (args.turn_secret, args.turn_ttl_s, args.public_address) == (SECRET, 120, "127.0.0.1")
+    media = config_from(args, env).media
+    assert (media.turn_secret, media.turn_ttl_s, media.public_address) == (SECRET, 120, "127.0.0.1")
     assert build_parser({}).parse_args(["serve"]).turn_ttl_s == 3600
 
 
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"turn_secret": SECRET}, "--turn-secret and --turn-url"),
-        ({"turn_urls": TURN_URLS}, "--turn-secret and --turn-url"),
+        ({"turn_secret": SECRET}, "and --turn-url go together"),
+        ({"turn_urls": TURN_URLS}, "and --turn-url go together"),
         ({"turn_secret": SECRET, "turn_urls": ("stun:127.0.0.1:3478",)}, "--turn-url"),
         ({"turn_secret": SECRET, "turn_urls": ("turn:u:p@127.0.0.1",)}, "--turn-url"),
         ({"turn_secret": SECRET, "turn_urls": TURN_URLS, "turn_ttl_s": 5}, "turn_ttl_s"),
         ({"public_address": "my.host.example"}, "--public-address"),
         ({"public_address": "0.0.0.0"}, "--public-address"),
         # Relay credentials for anyone who asks /ice-servers: an open relay.
-        ({"turn_secret": SECRET, "turn_urls": TURN_URLS}, "TURN credentials without --api-key"),
-        ({"ice_servers": ("turn:bob:pw@127.0.0.1:3478",)}, "TURN credentials without --api-key"),
+        ({"turn_secret": SECRET, "turn_urls": TURN_URLS}, "TURN credentials without an API key"),
+        ({"ice_servers": ("turn:bob:pw@127.0.0.1:3478",)}, "TURN credentials without an API"),
     ],
 )
 def test_bad_ice_settings_are_refused(config: dict[str, object], message: str) -> None:
@@ -367,10 +371,10 @@ def test_turn_credentials_go_out_only_to_token_holders_or_on_a_private_network(
     turn = {"turn_secret": SECRET, "turn_urls": TURN_URLS}
     assert ServerConfig.of(**turn, api_key=KEY).media.turn_secret == SECRET
     assert ServerConfig.of(**turn, private_network=True).access.private_network
-    argv = ["serve", "--turn-secret", SECRET, "--turn-url", TURN_URLS[0]]
-    assert main([*argv, "--cache-dir", str(tmp_path)], {}) == 2
+    argv = ["serve", "--turn-url", TURN_URLS[0], "--cache-dir", str(tmp_path)]
+    assert main(argv, {"AVATAR_RTC_TURN_SECRET": SECRET}) == 2
     error = capsys.readouterr().err
-    assert "--api-key" in error and "--private-network" in error
+    assert "--api-key-file" in error and "--private-network" in error
 
 
 def test_bad_ice_server_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rtc_server.cli import build_parser
-from rtc_server.config import SECTIONS, EngineSettings, ServerConfig
+from rtc_server.cli import build_parser, main
+from rtc_server.config import SECTIONS, ConfigError, EngineSettings, ServerConfig
 from rtc_server.options import (
     GROUPS,
     SERVE_OPTIONS,
@@ -39,11 +39,12 @@ def _serve_actions() -> dict[str, argparse.Action]:
 
 def test_every_serve_flag_is_in_the_table_and_the_table_is_every_flag() -> None:
     actions = _serve_actions()
-    assert set(actions) == {o.flag for o in SERVE_OPTIONS}
+    # A key's flag names its file; the key's own flag is there to refuse it (see below).
+    assert set(actions) == {o.flag for o in SERVE_OPTIONS} | {o.cli_flag for o in SERVE_OPTIONS}
     for o in SERVE_OPTIONS:
-        action = actions[o.flag]
+        action = actions[o.cli_flag]
         assert o.env in (action.help or ""), o.flag  # the help names its variable
-        if o.kind is Kind.VALUE:
+        if o.kind is Kind.VALUE and not o.secret:
             assert action.default == o.default and action.choices == o.choices, o.flag
 
 
@@ -117,3 +118,87 @@ def test_values_from_the_environment_reach_the_config_and_flags_win() -> None:
 def test_a_choice_outside_its_choices_names_the_variable() -> None:
     with pytest.raises(EnvError, match="AVATAR_RTC_ENGINE='gpu'.*auto, musetalk, warp"):
         build_parser({"AVATAR_RTC_ENGINE": "gpu"})
+
+
+# -- secrets ----------------------------------------------------------------------------------
+
+STRONG = "0f4c2a9e7b3d5a1c8e6f0b2d4a6c8e0f"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--api-key", STRONG],
+        ["serve", "--turn-secret", STRONG, "--turn-url", "turn:127.0.0.1:3478"],
+        ["token", "--api-key", STRONG],
+    ],
+    ids=["serve api key", "serve turn secret", "token"],
+)
+def test_keys_never_come_from_the_command_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv, {})
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    flag = argv[1]
+    assert f"{flag}-file" in error and f"AVATAR_RTC_{flag[2:].upper().replace('-', '_')}" in error
+    assert STRONG not in error
+
+
+def _config(argv: list[str], env: dict[str, str]) -> ServerConfig:
+    return config_from(build_parser(env).parse_args(["serve", *argv]), env)
+
+
+def test_keys_come_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    key_file = tmp_path / "api-key"
+    key_file.write_text(STRONG + "\n")
+    assert _config(["--api-key-file", str(key_file)], {}).access.api_key == STRONG
+    env = {"AVATAR_RTC_API_KEY_FILE": str(key_file)}
+    assert _config([], env).access.api_key == STRONG
+    assert _config([], {"AVATAR_RTC_API_KEY": STRONG}).access.api_key == STRONG
+    with pytest.raises(ConfigError, match="both set"):
+        _config(["--api-key-file", str(key_file)], {"AVATAR_RTC_API_KEY": STRONG})
+    with pytest.raises(ConfigError, match="cannot read it"):
+        _config(["--api-key-file", str(tmp_path / "missing")], {})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        _config(["--api-key-file", str(tmp_path / "empty")], {})
+    secret_file = tmp_path / "turn-secret"
+    secret_file.write_text(STRONG)
+    turn = ["--turn-secret-file", str(secret_file), "--turn-url", "turn:127.0.0.1:3478"]
+    config = _config([*turn, "--api-key-file", str(key_file)], {})
+    assert config.media.turn_secret == STRONG
+
+
+def _example_secrets() -> list[str]:
+    text = (ROOT / "deploy" / "k8s" / "secret.example.yaml").read_text()
+    values = re.findall(r"^\s+[\w-]+: (\S+)$", text.split("stringData:")[1], re.M)
+    conf = (ROOT / "deploy" / "turnserver.conf").read_text()
+    values += re.findall(r"^static-auth-secret=(\S+)$", conf, re.M)
+    assert values
+    return values
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "short-key",
+        "a" * 64,
+        "abab" * 10,
+        "replace-me-with-a-long-random-value-0123",
+        "CHANGEME-0123456789abcdefghijklmnop",
+        *_example_secrets(),
+    ],
+)
+def test_weak_and_placeholder_keys_stop_start_up(
+    key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = ["--cache-dir", str(tmp_path)]
+    assert main(["serve", *cache], {"AVATAR_RTC_API_KEY": key}) == 2
+    error = capsys.readouterr().err
+    assert "API key" in error and "openssl rand -hex 32" in error and key not in error
+    turn = ["serve", "--turn-url", "turn:127.0.0.1:3478", *cache]
+    env = {"AVATAR_RTC_TURN_SECRET": key, "AVATAR_RTC_API_KEY": STRONG}
+    assert main(turn, env) == 2
+    assert "TURN secret" in capsys.readouterr().err

@@ -424,14 +424,16 @@ async def test_sigterm_drains_every_worker_then_exits(draining_front: Server) ->
 async def test_access_rules_hold_through_the_front(tmp_path: Path) -> None:
     """Tokens, origins, the rate limit and the calls per client and per token, over HTTPS
     (TLS ends at the front)."""
-    key = "front-test-key"
+    key = "front-test-key-0123456789abcdefghij"
+    key_path = tmp_path / "api-key"
+    key_path.write_text(key + "\n")  # as `openssl rand -hex 32 > file` leaves it
     log = tmp_path / "front.log"
     cert_file, key_file = self_signed(tmp_path)
     tls = ssl.create_default_context(cafile=str(cert_file))
     url, process = await _spawn_front(
         log,
-        "--api-key",
-        key,
+        "--api-key-file",
+        str(key_path),
         "--cert-file",
         str(cert_file),
         "--key-file",
