@@ -16,7 +16,8 @@ from rtc_server.config import ServerConfig
 from rtc_server.metrics import Metrics
 from rtc_server.options import SERVE_OPTIONS, config_from, env_default, option
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 YAML_FILES = sorted([*DEPLOY.glob("*.yml"), *DEPLOY.glob("*.yaml"), *K8S.glob("*.yaml")])
 SAMPLE = {
@@ -186,6 +187,40 @@ def test_kubernetes_deployment_matches_the_server() -> None:
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(args.port)
     assert annotations["prometheus.io/path"] in routes
+
+
+def test_the_pod_runs_unprivileged_on_a_read_only_root() -> None:
+    pod = _by_kind("Deployment")["spec"]["template"]["spec"]
+    container = _container()
+    uid = re.search(r"useradd .*--uid (\d+) avatar", (ROOT / "Dockerfile.gpu").read_text())
+    assert uid is not None
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == int(uid.group(1))
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["privileged"] is False
+    assert security["capabilities"]["drop"] == ["ALL"] and "add" not in security["capabilities"]
+    # What it writes has somewhere to go: /tmp (HOME, TMPDIR) and the cache volume.
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert "/tmp" in mounts and env["HOME"] == env["TMPDIR"] == "/tmp"
+    assert any(env["AVATAR_RTC_CACHE_DIR"].startswith(m) for m in mounts - {"/tmp"})
+
+
+def test_compose_services_are_hardened_and_prometheus_is_local() -> None:
+    services = _one(DEPLOY / "docker-compose.yml")["services"]
+    for name in ("avatar-rtc", "coturn", "prometheus"):
+        service = services[name]
+        assert service["read_only"] is True, name
+        assert service["cap_drop"] == ["ALL"] and "cap_add" not in service, name
+        assert "no-new-privileges:true" in service["security_opt"], name
+        assert not service.get("privileged"), name
+    server = services["avatar-rtc"]
+    assert "/tmp" in server["tmpfs"] and server["environment"]["HOME"] == "/tmp"
+    for port in services["prometheus"]["ports"]:
+        assert str(port).startswith("127.0.0.1:"), port
 
 
 def test_service_ingress_and_budget_point_at_the_pods() -> None:
