@@ -253,7 +253,7 @@ class TurnController:
             text = await (early if early is not None else self._transcribe(event.audio))
         except ProviderError as exc:
             self._log.warning("STT failed: %s", exc)
-            self.error(exc.code, f"speech recognition failed: {exc.message}")
+            self.error(exc.code, exc.public_message("speech recognition"))
             await self._apologize()
             return
         timer.mark("stt_end")
@@ -281,7 +281,7 @@ class TurnController:
             await self.speech.wait_played(utterance)
         except ProviderError as exc:
             self._log.warning("reply failed: %s", exc)
-            self.error(exc.code, exc.message)
+            self.error(exc.code, exc.public_message("the reply"))
             await self._apologize()
         except Exception:
             # Not the provider's failure but ours: without the apology's speech the call
@@ -333,7 +333,8 @@ class TurnController:
             await self.speech.speak(self.providers.tts, _pieces(text), utterance)
             await self.speech.wait_played(utterance)
         except ProviderError as exc:
-            self.error(exc.code, f"speech synthesis failed: {exc.message}")
+            self._log.warning("say failed: %s", exc)
+            self.error(exc.code, exc.public_message("speech synthesis"))
         except Exception:
             self._log.exception("say failed")
             self.error("internal", "speech synthesis failed")

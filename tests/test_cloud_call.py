@@ -6,6 +6,7 @@ apology in the local voice.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -152,7 +153,9 @@ async def test_speech_recognition_failing_gets_an_error_and_an_apology(
     from benchmarks.latency import connect_caller
     from tests.vendor_servers import TRANSCRIPTIONS
 
-    vendor.script(TRANSCRIPTIONS, Reply(status=401))
+    # The vendor's own words name the account: they go to the log, not to the caller.
+    detail = b'{"error": {"message": "key sk-proj-42 of org-acme revoked", "code": "bad_key"}}'
+    vendor.script(TRANSCRIPTIONS, Reply(status=401, body=detail, content_type="application/json"))
     server, runner = await start_server(
         engine_factory,
         cache_dir,
@@ -168,6 +171,7 @@ async def test_speech_recognition_failing_gets_an_error_and_an_apology(
             mic.play(await speech_pcm("What is the capital of France?"))
             error = await client.wait_event(lambda e: e.get("type") == "error", 20)
             assert error["code"] == "unauthorized" and "speech recognition" in error["message"]
+            assert "org-acme" not in json.dumps(client.events), error
             await client.wait_state("speaking", 10)  # the apology, in the local voice
             await client.wait_state("listening", 15)
         finally:

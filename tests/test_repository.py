@@ -70,3 +70,17 @@ def test_the_wheel_carries_the_pages_inside_the_package(tmp_path: Path) -> None:
         expected = {f"rtc_server/{folder}/{p.name}" for p in (ROOT / folder).iterdir()}
         assert expected and expected <= names, sorted(expected - names)
     assert not any(n.startswith(("static/", "templates/")) for n in names)
+
+
+def test_the_http_stack_floor_is_past_its_known_smuggling_fixes() -> None:
+    """The server parses requests from anyone: aiohttp below 3.12.14 has request smuggling
+    bugs fixed since (GHSA-8495-4g3g-x7pr in 3.10.11, GHSA-9548-qrrj-x5pj in 3.12.14)."""
+    import tomllib
+    from importlib.metadata import version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (aiohttp,) = [d for d in project["dependencies"] if d.startswith("aiohttp")]
+    floor = tuple(int(p) for p in aiohttp.split(">=", 1)[1].split(",")[0].split("."))
+    assert floor >= (3, 12, 14), aiohttp
+    installed = tuple(int(p) for p in version("aiohttp").split(".")[:3])
+    assert installed >= floor

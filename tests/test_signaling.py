@@ -14,6 +14,8 @@ from tests.waiting import holds_within
 
 
 async def _post(server: LiveServer, path: str, data: bytes | str, **kw: object) -> tuple[int, dict]:
+    """``data`` as the body, sent as JSON whatever it holds (the route reads it as JSON)."""
+    kw.setdefault("headers", {"Content-Type": "application/json"})
     async with aiohttp.ClientSession() as http:
         async with http.post(server.url + path, data=data, **kw) as resp:  # type: ignore[arg-type]
             body = await resp.json(content_type=None)

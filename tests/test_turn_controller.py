@@ -259,7 +259,9 @@ async def test_without_barge_in_the_caller_speaking_does_not_cut_the_reply() -> 
     await call.close()
 
 
-async def test_a_failed_transcription_is_told_and_apologised_for_in_the_local_voice() -> None:
+async def test_a_failed_transcription_is_told_and_apologised_for_in_the_local_voice(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     call = Call()
     call.stt.fail = True
     call.turns.on_vad(SpeechStart(at=0.0))
@@ -268,7 +270,10 @@ async def test_a_failed_transcription_is_told_and_apologised_for_in_the_local_vo
     await call.play_until(lambda: call.turns.state is CallState.LISTENING)
     errors = call.of_type("error")
     assert [e["code"] for e in errors] == ["stt_failed"]
-    assert "speech recognition failed: no ears today" in errors[0]["message"]
+    # The caller hears what failed; the provider's own words go to the log only.
+    assert errors[0]["message"].startswith("speech recognition failed")
+    assert "no ears today" not in errors[0]["message"]
+    assert "no ears today" in caplog.text
     assert call.fallback.spoken == [APOLOGY] and call.tts.spoken == []
     assert call.llm.asked == []  # nothing to answer
     await call.close()
@@ -309,7 +314,10 @@ async def test_activity_is_stamped_on_the_injected_clock() -> None:
     call = Call()
     assert call.turns.last_activity == 0.0
     call.clock.advance(7.0)
+    # An interrupt is no activity: a bot sending them must not keep the call open.
     call.turns.handle(ClientEvent("interrupt"))
+    assert call.turns.last_activity == 0.0
+    call.turns.handle(ClientEvent("say", "Hello."))
     assert call.turns.last_activity == 7.0
     call.clock.advance(2.0)
     call.turns.on_vad(SpeechStart(at=0.0))

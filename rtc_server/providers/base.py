@@ -34,6 +34,25 @@ class ProviderError(AvatarRtcError):
         self.status = status
         self.code = code
 
+    def public_message(self, what: str) -> str:
+        """What a caller is told: ``what`` failed and how, in our words. The vendor's own text
+        (it can name accounts, quotas, models or internal addresses) goes to the log only."""
+        return f"{what} failed: the provider {PUBLIC_REASONS.get(self.code, 'failed')}"
+
+
+PUBLIC_REASONS = {
+    "timeout": "did not answer in time",
+    "connection": "could not be reached",
+    "rate_limited": "is rate limiting this server",
+    "quota_exceeded": "has no quota left",
+    "unauthorized": "refused this server's credentials",
+    "server_error": "failed on its side",
+    "bad_request": "refused the request",
+    "bad_response": "sent an answer that could not be used",
+    "vendor_error": "reported an error",
+}
+"""How a provider failed, by ProviderError code, as a caller may read it."""
+
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
