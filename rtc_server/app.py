@@ -25,6 +25,7 @@ from rtc_server.embed import add_embed_route
 from rtc_server.engine_factory import EngineFactory, load_engine_factory
 from rtc_server.headroom import Headroom, HeadroomSettings
 from rtc_server.ice import IceServers, announce_address
+from rtc_server.internal_site import add_internal_routes
 from rtc_server.media.h264 import TunedH264Encoder
 from rtc_server.media.inbound import low_latency_audio
 from rtc_server.media.opus import ReplyOpusEncoder
@@ -382,9 +383,8 @@ def create_app(
 
     app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
     app.router.add_get("/ice-servers", ice_servers)
-    app.router.add_get("/metrics", metrics_route)
+    add_internal_routes(app, config, readyz=readyz, metrics=metrics_route)
     app.router.add_static("/static/", STATIC_DIR)
     return app
 

@@ -78,7 +78,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     tok = sub.add_parser("token", help="mint a call token for a server with an API key")
     add_secret_argument(tok, option("api-key"), environ)
     tok.add_argument("--ttl-s", type=int, default=300)
-    tok.add_argument("--avatar", default=None, help="limit the token to this avatar")
 
     bench = sub.add_parser("bench", help="benchmarks (see benchmarks/README.md)", add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
@@ -260,7 +259,7 @@ def _token(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if not 1 <= args.ttl_s <= MAX_TTL_S:
         print(f"avatar-rtc: error: --ttl-s must be 1..{MAX_TTL_S}", file=sys.stderr)
         return 2
-    print(TokenSigner(key).mint(ttl_s=args.ttl_s, avatar=args.avatar))
+    print(TokenSigner(key).mint(ttl_s=args.ttl_s))
     return 0
 
 

@@ -67,6 +67,10 @@ class ServerSettings:
     """A call with no caller speech, typed text or say for this long is closed (0: never)."""
     max_say_chars: int = 2000
     """Longest text of a say or a typed turn, over HTTP or the data channel."""
+    metrics_port: int = 0
+    """Serve /metrics and /readyz's details on this port of ``metrics_host``, not on the main
+    one (0: on the main one, public to whoever reaches it)."""
+    metrics_host: str = "127.0.0.1"
     log_format: str = "text"
     """"text", or "json": one JSON object a line (rtc_server/logs.py)."""
     drain_timeout_s: float = 30.0
@@ -89,6 +93,10 @@ class ServerSettings:
             raise ConfigError("idle_timeout_s and drain_timeout_s must be >= 0")
         if self.max_say_chars < 1:
             raise ConfigError("max_say_chars must be at least 1")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be 0..65535, not {self.metrics_port}")
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ConfigError("--metrics-port must differ from --port (0: on the main port)")
 
 
 MIN_KEY_CHARS = 32

@@ -180,6 +180,20 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         choices=LOG_FORMATS,
     ),
     Option(
+        "metrics-port",
+        "server",
+        "serve /metrics and /readyz's details on this port of --metrics-host only, not on the "
+        "public one (0: on --port, to whoever reaches it)",
+        int,
+        0,
+    ),
+    Option(
+        "metrics-host",
+        "server",
+        "address of the --metrics-port listener",
+        default="127.0.0.1",
+    ),
+    Option(
         "connect-timeout-s",
         "server",
         "close a call whose peer has not connected this many seconds after the answer",

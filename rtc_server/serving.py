@@ -16,6 +16,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from rtc_server.app import MANAGER
+from rtc_server.internal_site import start_internal
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -37,6 +38,7 @@ async def serve(
     """
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
+    internal: web.AppRunner | None = None
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     cut_short = asyncio.Event()
@@ -55,6 +57,7 @@ async def serve(
         else:
             site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
+        internal = await start_internal(app)
         if on_started is not None:
             on_started()
         await stop.wait()
@@ -62,4 +65,6 @@ async def serve(
     finally:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+        if internal is not None:
+            await internal.cleanup()
         await runner.cleanup()

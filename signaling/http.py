@@ -67,8 +67,11 @@ def add_routes(
     async def offer(request: web.Request) -> web.Response:
         grant = access.require_token(request)
         parsed = parse_offer(await read_json_object(request), peers=peers)
-        if grant is not None and grant.avatar is not None and grant.avatar != parsed.avatar:
-            raise SignalingError(401, "wrong_scope", "the token is for another avatar")
+        if grant is not None and grant.avatar is not None:
+            # Minted elsewhere (this server mints none): it serves one avatar, not that one.
+            raise SignalingError(
+                401, "wrong_scope", "tokens scoped to an avatar open no call on this server"
+            )
         reservation = None
         if access.quota is not None:
             access.quota.keep_only(factory.exists)
@@ -102,10 +105,11 @@ def add_routes(
         ttl = body.get("ttl_s", DEFAULT_TTL_S)
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S:
             raise SignalingError(400, "bad_ttl", f"'ttl_s' must be 1..{MAX_TTL_S} seconds")
-        avatar = body.get("avatar")
-        if avatar is not None and not isinstance(avatar, str):
-            raise SignalingError(400, "bad_avatar", "'avatar' must be a string")
-        minted = signer.mint(ttl_s=ttl, avatar=avatar)
+        if body.get("avatar") is not None:
+            raise SignalingError(
+                400, "bad_avatar", "this server has one avatar: tokens are not scoped to one"
+            )
+        minted = signer.mint(ttl_s=ttl)
         return web.json_response({"token": minted, "expires_in": ttl})
 
     async def say(request: web.Request) -> web.Response:

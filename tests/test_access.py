@@ -68,6 +68,11 @@ async def test_token_route(guarded: LiveServer) -> None:
     assert status == 400 and body["error"]["code"] == "bad_ttl"
     token = await _mint(guarded, ttl_s=120)
     assert TokenSigner(KEY).verify(token).expires_at - time.time() == pytest.approx(120, abs=3)
+    # One avatar per server: a token scoped to one could open no call, so none is minted.
+    status, body, _ = await _post(
+        guarded.url + "/token", {"avatar": "alice"}, {"Authorization": f"Bearer {KEY}"}
+    )
+    assert status == 400 and body["error"]["code"] == "bad_avatar"
 
 
 async def test_token_route_is_404_when_auth_is_off(live_server: LiveServer) -> None:

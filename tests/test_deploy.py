@@ -185,8 +185,12 @@ def test_kubernetes_deployment_matches_the_server() -> None:
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert "avatar-rtc/session-affinity" in deployment["metadata"]["annotations"]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/port"] == str(args.port)
-    assert annotations["prometheus.io/path"] in routes
+    # Metrics on a listener of their own, on the node's address: not behind the Ingress.
+    assert args.metrics_port and args.metrics_port != args.port
+    assert args.metrics_host == "127.0.0.1"  # $(HOST_IP), as SAMPLE spells it
+    assert annotations["prometheus.io/port"] == str(args.metrics_port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert all(p["containerPort"] != args.metrics_port for p in container["ports"])
 
 
 def test_the_pod_runs_unprivileged_on_a_read_only_root() -> None:
@@ -258,8 +262,12 @@ def test_prometheus_scrapes_the_metrics_route() -> None:
     compose = _one(DEPLOY / "docker-compose.yml")
     args = build_parser(_compose_env()).parse_args(["serve"])
     (job,) = _one(DEPLOY / "prometheus.yml")["scrape_configs"]
-    assert job["metrics_path"] in _routes()
-    assert job["static_configs"][0]["targets"] == [f"avatar-rtc:{args.port}"]
+    assert job["metrics_path"] == "/metrics"
+    # The metrics listener, which compose does not publish: only Prometheus reaches it.
+    assert args.metrics_port and args.metrics_host == "0.0.0.0"
+    assert job["static_configs"][0]["targets"] == [f"avatar-rtc:{args.metrics_port}"]
+    published = [str(p).split(":")[-2] for p in compose["services"]["avatar-rtc"]["ports"]]
+    assert str(args.metrics_port) not in published
     assert "avatar-rtc" in compose["services"]
     (k8s_job,) = _one(K8S / "prometheus-scrape-job.yaml")["scrape_configs"]
     targets = {c.get("target_label") for c in k8s_job["relabel_configs"]}

@@ -516,6 +516,33 @@ async def test_access_rules_hold_through_the_front(tmp_path: Path) -> None:
     assert process.returncode == 0
 
 
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "front and workers"])
+async def test_metrics_and_readiness_details_on_a_listener_of_their_own(
+    tmp_path: Path, workers: str
+) -> None:
+    internal_port = _free_port()
+    url, process = await _spawn_front(
+        tmp_path / "server.log", "--workers", workers, "--metrics-port", str(internal_port)
+    )
+    internal = f"http://127.0.0.1:{internal_port}"
+    try:
+        status, body, _ = await _get(url + "/readyz")
+        assert (status, body) == (200, {"status": "ready"})  # for probes: nothing more
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/metrics") as resp:
+                assert resp.status == 404
+            async with http.get(internal + "/metrics") as resp:
+                assert resp.status == 200
+                assert "avatar_rtc_sessions" in await resp.text()
+        status, details, _ = await _get(internal + "/readyz")
+        assert status == 200 and details["status"] == "ready" and len(details) > 1, details
+        if workers == "2":
+            assert len(details["workers"]) == 2
+    finally:
+        await _stop(process)
+    assert process.returncode == 0
+
+
 async def test_a_bad_portrait_stops_start_up_before_serving(tmp_path: Path) -> None:
     blank = tmp_path / "wall.png"
     cv2.imwrite(str(blank), np.full((256, 256, 3), 200, np.uint8))

@@ -124,6 +124,7 @@ def main() -> int:
         rate_limit_per_min=0,
         max_calls_per_client=0,
         max_calls_per_token=0,
+        metrics_port=0,  # the front serves them, from every worker's
         cert_file=None,
         key_file=None,
     )

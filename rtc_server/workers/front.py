@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from rtc_server.config import ServerConfig
+from rtc_server.internal_site import add_internal_routes, start_internal
 from rtc_server.workers.pool import Worker, WorkerPool
 from rtc_server.workers.protocol import (
     FORWARDED_FOR,
@@ -229,8 +230,7 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
         return web.Response(status=status, headers=headers, body=payload)
 
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    add_internal_routes(app, config, readyz=readyz, metrics=metrics)
     app.router.add_post("/offer", offer)
     app.router.add_route("*", "/sessions/{session_id}", session_route)
     app.router.add_route("*", "/sessions/{session_id}/{action:.*}", session_route)
@@ -380,6 +380,7 @@ async def _run(config: ServerConfig, count: int, verbose: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     runner: web.AppRunner | None = None
+    internal: web.AppRunner | None = None
     try:
         code = await pool.start_first()
         if code is not None:
@@ -394,6 +395,7 @@ async def _run(config: ServerConfig, count: int, verbose: int) -> int:
         await runner.setup()
         site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=ssl_context)
         await site.start()
+        internal = await start_internal(runner.app)
         scheme = "https" if ssl_context else "http"
         print(
             f"avatar-rtc: serving on {scheme}://{config.server.host}:{config.server.port} "
@@ -411,6 +413,8 @@ async def _run(config: ServerConfig, count: int, verbose: int) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await pool.close()
+        if internal is not None:
+            await internal.cleanup()
         if runner is not None:
             await runner.cleanup()
 
