@@ -216,21 +216,28 @@ async def test_interrupts_do_not_keep_a_call_open(server: LiveServer) -> None:
         await call.close()
 
 
+async def say_many(url: str, text: str, count: int) -> list[tuple[int, str | None, str | None]]:
+    """POST ``count`` says one after another: (status, error code, Retry-After) of each."""
+    replies = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(count):
+            async with http.post(url, json={"text": text}) as resp:
+                code = (await resp.json()).get("error", {}).get("code")
+                replies.append((resp.status, code, resp.headers.get("Retry-After")))
+    return replies
+
+
 @pytest.mark.config(call_messages_per_min=6)
 async def test_floods_of_says_and_messages_are_refused(server: LiveServer) -> None:
     call = await connected(server, ALICE)
     url = f"{server.url}/sessions/{call.session_id}/say"
     try:
-        statuses = []
         started = time.monotonic()
-        async with aiohttp.ClientSession() as http:
-            for _ in range(15):
-                async with http.post(url, json={"text": "Hi."}) as resp:
-                    body = await resp.json()
-                    statuses.append(resp.status)
-                    if resp.status == 429:
-                        assert body["error"]["code"] == "rate_limited"
-                        assert int(resp.headers["Retry-After"]) >= 1
+        replies = await say_many(url, "Hi.", 15)
+        statuses = [status for status, _, _ in replies]
+        for status, code, retry_after in replies:
+            if status == 429:
+                assert code == "rate_limited" and int(retry_after or 0) >= 1
         # A burst of a third of the minute's rate (2) goes through, then one every 10 s.
         refilled = int((time.monotonic() - started) / 10)
         assert statuses[:2] == [202, 202], statuses
@@ -251,11 +258,8 @@ async def test_queued_says_are_bounded(server: LiveServer) -> None:
     url = f"{server.url}/sessions/{call.session_id}/say"
     session = server.manager.sessions[call.session_id]
     try:
-        codes = []
-        async with aiohttp.ClientSession() as http:
-            for _ in range(MAX_QUEUED_SAYS + 8):
-                async with http.post(url, json={"text": "One more sentence to say."}) as resp:
-                    codes.append((await resp.json()).get("error", {}).get("code", resp.status))
+        replies = await say_many(url, "One more sentence to say.", MAX_QUEUED_SAYS + 8)
+        codes = [code for _, code, _ in replies]
         assert codes.count("say_queue_full") >= 8, codes
         assert session.turns.queued_says <= MAX_QUEUED_SAYS
     finally:
