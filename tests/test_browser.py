@@ -32,7 +32,9 @@ from benchmarks.browser import (
     wait_for_state,
     window_rms,
 )
-from tests.conftest import LiveServer
+from rtc_server.engine_factory import EngineFactory
+from signaling.access import TokenSigner
+from tests.conftest import LiveServer, start_server
 from tests.waiting import holds_within
 
 needs_chromium = pytest.mark.skipif(chromium_missing() is not None, reason=chromium_missing() or "")
@@ -246,3 +248,30 @@ def test_offset_estimate_recovers_a_known_lag() -> None:
         estimate = estimate_offset(video_ms, motion, audio_ms, rms)
         assert abs(estimate.offset_ms - lag) <= 2, estimate
         assert estimate.peak > 0.8
+
+
+@pytest.mark.browser
+@needs_chromium
+async def test_the_call_page_takes_its_token_from_the_fragment_only(
+    engine_factory: EngineFactory, cache_dir: Path, tmp_path: Path
+) -> None:
+    key = "browser-test-api-key-0123456789abcdef"
+    server, runner = await start_server(engine_factory, cache_dir, api_key=key)
+    token = TokenSigner(key).mint(ttl_s=300)
+    try:
+        async with chromium_page(tmp_path / "profile") as page:
+            offers: list[str] = []
+            page.on("request", lambda r: offers.append(r.url) if "/offer" in r.url else None)
+            # In the query, where every log on the way keeps it: the page says where it goes
+            # and sends nothing.
+            await page.goto(f"{server.url}/?testHooks=1&token={token}")
+            await page.get_by_role("button", name="Start").click()
+            await expect(page.get_by_role("status")).to_contain_text("#token=")
+            assert offers == [] and not server.manager.sessions
+            # In the fragment: the call starts with it, and the address bar no longer shows it.
+            await page.goto(f"{server.url}/?testHooks=1#token={token}")
+            session_id = await start_call(page, server.url, navigate=False)
+            assert session_id in server.manager.sessions and len(offers) == 1
+            assert token not in page.url and page.url.endswith("/?testHooks=1")
+    finally:
+        await runner.cleanup()
