@@ -21,6 +21,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from .vae_keys import modern_keys
 from .weights import UNET_CONFIG, UNET_WEIGHTS, VAE_DIR, WHISPER_DIR, WeightsError, check_layout
 
 __all__ = [
@@ -164,6 +165,9 @@ def _load_vae(folder: Path, placement: Placement) -> Any:
     try:
         with torch.device("meta"):
             vae = AutoencoderKL.from_config(config)
+        # sd-vae-ft-mse stores its attention under the names diffusers used before (query,
+        # key, value, proj_attn): musetalk_core.vae_keys.
+        state = modern_keys(state, set(vae.state_dict()))
         vae.load_state_dict(state, strict=True, assign=True)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise WeightsError(f"{weights} does not match {folder / 'config.json'}: {exc}") from exc

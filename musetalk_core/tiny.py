@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from .vae_keys import published_keys
 from .weights import UNET_CONFIG, UNET_WEIGHTS, VAE_DIR, WHISPER_DIR, write_manifest
 
 __all__ = ["UNET_FULL", "UNET_TINY", "build_random_weights"]
@@ -108,7 +109,9 @@ def build_random_weights(
     vae_dir = base / VAE_DIR
     vae_dir.mkdir(parents=True, exist_ok=True)
     vae.save_config(vae_dir)
-    torch.save(vae.state_dict(), vae_dir / "diffusion_pytorch_model.bin")
+    # In the published names, as sd-vae-ft-mse is: a loader that cannot read the real file
+    # cannot read this one either.
+    torch.save(published_keys(vae.state_dict()), vae_dir / "diffusion_pytorch_model.bin")
     del vae
 
     whisper_config = WhisperConfig(

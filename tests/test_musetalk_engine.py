@@ -23,9 +23,11 @@ from musetalk_core.musetalk_avatar import prepare_musetalk_avatar
 from musetalk_core.runtime import MuseTalkRuntime
 from musetalk_core.tiny import UNET_FULL, build_random_weights
 from musetalk_core.types import AudioChunk, LipSyncEngine
+from musetalk_core.vae_keys import modern_keys
 from musetalk_core.warp_avatar import builtin_portrait
 from musetalk_core.weights import (
     FILES,
+    MANIFEST,
     RemoteInfo,
     WeightsError,
     check_layout,
@@ -33,6 +35,7 @@ from musetalk_core.weights import (
     git_blob_id,
     sha256_file,
     verify_weights,
+    write_manifest,
 )
 from rtc_server.config import EngineSettings, ServerConfig
 from rtc_server.engine_factory import load_engine_factory
@@ -111,6 +114,42 @@ def test_models_load_with_shapes_and_dtypes(models) -> None:  # type: ignore[no-
     assert times.batch == 3 and times.unet_ms > 0 and times.vae_ms > 0
     with pytest.raises(ValueError, match="batch mismatch"):
         predict_latents(models, unet_in, audio[:2])
+
+
+def rewrite_manifest(root: Path) -> None:
+    """The manifest of a release whose files a test replaced."""
+    (root / MANIFEST).unlink()
+    write_manifest(root)
+
+
+def test_the_vae_loads_in_its_published_names_and_in_modern_ones(
+    weights: Path,
+    models,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    vae_file = Path("sd-vae") / "diffusion_pytorch_model.bin"
+    published = torch.load(weights / vae_file, map_location="cpu", weights_only=True)
+    # Written as sd-vae-ft-mse is published: the mid-block attention under its old names.
+    attention = {k.rsplit(".", 2)[-2] for k in published if ".attentions." in k}
+    assert attention == {"group_norm", "query", "key", "value", "proj_attn"}, attention
+    modern_names = set(models.vae.state_dict())
+    assert not set(published) <= modern_names  # a strict load of the file as it is would fail
+    # The same tensors under the names diffusers uses now load as well, to the same model.
+    modern = tmp_path / "modern"
+    shutil.copytree(weights, modern)
+    torch.save(modern_keys(published, modern_names), modern / vae_file)
+    rewrite_manifest(modern)
+    again = load_models(modern, resolve_placement("cpu"))
+    crops = np.random.default_rng(1).integers(0, 255, (2, 256, 256, 3), dtype=np.uint8)
+    assert np.array_equal(models.encode_crops(crops), again.encode_crops(crops))
+    # A name that is neither is still refused, with the file named.
+    torch.save(
+        {**published, "decoder.mid_block.attentions.0.extra.weight": torch.zeros(1)},
+        modern / vae_file,
+    )
+    rewrite_manifest(modern)
+    with pytest.raises(WeightsError, match="diffusion_pytorch_model.bin"):
+        load_models(modern, resolve_placement("cpu"))
 
 
 def test_positional_encoding_is_the_published_one() -> None:
