@@ -41,8 +41,9 @@ class PeerRule:
 
     def allows(self, address: str) -> bool:
         if address.lower().endswith(".local"):
-            # A browser's mDNS name for a host address, which is on the caller's own network.
-            return self.local
+            # A browser's mDNS name for a host address. It resolves only on the server's own
+            # link: wanted where the callers are local, or on a network the operator named.
+            return self.local or bool(self.networks)
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:

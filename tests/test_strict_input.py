@@ -119,6 +119,10 @@ def test_operator_networks_are_allowed_as_given() -> None:
     rule = PeerRule((ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00::/8")))
     assert rule.allows("10.9.8.7") and rule.allows("fd00::5")
     assert not rule.allows("192.168.0.1") and not rule.allows("169.254.169.254")
+    # A browser's mDNS name resolves on the server's own link only: callers of the LAN the
+    # operator named.
+    assert rule.allows("0a1b2c3d-1111-2222-3333-444455556666.local")
+    assert not rule.allows("metadata.google.internal")
 
 
 def test_candidates_are_filtered_and_capped_and_nothing_else_changes(offer: str) -> None:
