@@ -19,7 +19,8 @@ from typing import Any
 
 from musetalk_core.types import AvatarRtcError
 from signaling.access import ORIGIN, AccessPolicy, TokenSigner
-from signaling.forwarded import ClientView, parse_networks
+from signaling.addresses import parse_networks
+from signaling.forwarded import ClientView
 from signaling.offer_rules import PeerRule
 from signaling.quota import DEFAULT_CALLS_PER_CLIENT, DEFAULT_CALLS_PER_TOKEN, CallQuota
 from signaling.ratelimit import RateLimiter

@@ -15,43 +15,26 @@ resolves to 127.0.0.1 is, to the browser, same-origin with it): it gets 421.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from signaling.addresses import IP, Network, in_any, parse_ip
 from signaling.errors import SignalingError
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LOOPBACK_NAMES = frozenset({"localhost"})
 
 
-def parse_networks(cidrs: Sequence[str], option: str = "--trusted-proxy") -> tuple[Network, ...]:
-    """Addresses or CIDRs (the values of ``option``) as networks; ValueError names a bad one."""
-    networks = []
-    for cidr in cidrs:
-        try:
-            networks.append(ipaddress.ip_network(cidr.strip(), strict=False))
-        except ValueError:
-            raise ValueError(f"{option} must be an address or CIDR, not {cidr!r}") from None
-    return tuple(networks)
-
-
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def _ip(text: str) -> IP | None:
+    """An address as proxies write it: plain, ``v4:port`` or ``[v6]:port``."""
     text = text.strip()
     if text.startswith("[") and "]" in text:  # [v6]:port
         text = text[1 : text.index("]")]
     elif text.count(":") == 1:  # v4:port
         text = text.split(":", 1)[0]
-    try:
-        ip = ipaddress.ip_address(text.split("%", 1)[0])
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
+    return parse_ip(text)
 
 
 def host_name(host: str) -> str:
@@ -60,14 +43,6 @@ def host_name(host: str) -> str:
     if host.startswith("["):
         return host[1 : host.index("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def is_ip_literal(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
 
 
 class ClientView:
@@ -89,7 +64,7 @@ class ClientView:
 
     def is_trusted(self, address: str | None) -> bool:
         ip = _ip(address) if address else None
-        return ip is not None and any(ip in n for n in self.trusted)
+        return ip is not None and in_any(ip, self.trusted)
 
     def client_of(self, remote: str | None, forwarded_for: str | None) -> str | None:
         """The client address: ``remote``, or behind trusted proxies the one they name."""
@@ -100,7 +75,7 @@ class ClientView:
             ip = _ip(hop)
             if ip is None:
                 return remote  # a hop no proxy would write: the header is not to be believed
-            if not any(ip in n for n in self.trusted):
+            if not in_any(ip, self.trusted):
                 return str(ip)
         return str(_ip(hops[0])) if hops else remote
 
@@ -108,7 +83,7 @@ class ClientView:
         """Whether this server answers for ``host``; ``via_proxy``: a trusted proxy named it
         (the browser did not reach this server itself, so no rebinding can be at work)."""
         name = host_name(host)
-        if is_ip_literal(name):
+        if parse_ip(name) is not None:  # an IP literal: nothing to rebind
             return True
         if self._public_host is not None:
             return name == self._public_host

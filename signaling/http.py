@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 from typing import Protocol
 
@@ -18,7 +19,7 @@ from signaling.messages import (
     parse_say,
 )
 from signaling.offer_rules import PeerRule
-from signaling.quota import client_key
+from signaling.quota import Reservation, client_key
 
 
 class SessionFactory(Protocol):
@@ -72,19 +73,15 @@ def add_routes(
             raise SignalingError(
                 401, "wrong_scope", "tokens scoped to an avatar open no call on this server"
             )
-        reservation = None
+        held: contextlib.AbstractContextManager[Reservation | None] = contextlib.nullcontext()
         if access.quota is not None:
             access.quota.keep_only(factory.exists)
             token_id = grant.id if grant is not None else None
-            reservation = access.quota.admit(client_key(request.remote), token_id)
-        try:
+            held = access.quota.admit(client_key(request.remote), token_id)
+        with held as reservation:
             answer = await factory.create_session(parsed)
-        except BaseException:
             if reservation is not None:
-                reservation.release()
-            raise
-        if reservation is not None:
-            reservation.bind(answer.session_id)
+                reservation.bind(answer.session_id)
         if grant is not None:
             # Sessions that ended on their own (the caller hung up) leave their token here.
             for ended in [s for s in session_tokens if not factory.exists(s)]:

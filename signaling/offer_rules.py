@@ -10,15 +10,14 @@ the server would have to resolve) are dropped unless the operator allows their n
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections import Counter
 from dataclasses import dataclass
 
 from aiortc.sdp import SessionDescription
 
+from signaling.addresses import Network, in_any, parse_ip
 from signaling.errors import SignalingError
-from signaling.forwarded import Network
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +43,12 @@ class PeerRule:
             # A browser's mDNS name for a host address. It resolves only on the server's own
             # link: wanted where the callers are local, or on a network the operator named.
             return self.local or bool(self.networks)
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
+        ip = parse_ip(address)
+        if ip is None:
             return False  # a name: the server would resolve whatever the caller chose
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
         if ip.is_multicast or ip.is_unspecified:
             return False
-        if any(ip.version == n.version and ip in n for n in self.networks):
+        if in_any(ip, self.networks):
             return True
         return ip.is_global or self.local
 

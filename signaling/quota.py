@@ -9,9 +9,10 @@ addresses of one network do not each count as a client. Tokens are keyed by thei
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from signaling.addresses import parse_ip
 from signaling.errors import SignalingError
 
 DEFAULT_CALLS_PER_CLIENT = 2
@@ -25,20 +26,19 @@ def client_key(address: str | None) -> str:
     """The quota key of a client address: IPv4 as it is, IPv6 as its /64 network."""
     if not address:
         return "?"
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
+    ip = parse_ip(address)
+    if ip is None:
         return address
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
         return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
 
 
 @dataclass(eq=False, slots=True)
 class Reservation:
-    """An admitted offer: :meth:`CallQuota.bind` it to its session, or :meth:`release` it."""
+    """An admitted offer: :meth:`bind` it to its session, or :meth:`release` it. As a context
+    manager, it is released on leaving unless it was bound (the offer failed, or was refused
+    further on)."""
 
     quota: CallQuota
     client: str
@@ -51,6 +51,13 @@ class Reservation:
 
     def release(self) -> None:
         self.quota._release(self)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.session_id is None:
+            self.release()
 
 
 class CallQuota:
@@ -113,9 +120,6 @@ class CallQuota:
         """Forget the bound calls for which ``alive(session_id)`` is false (they ended)."""
         for session_id in [s for s in self._by_session if not alive(s)]:
             self.end(session_id)
-
-    def sessions(self) -> Iterable[str]:
-        return list(self._by_session)
 
     def _bind(self, reservation: Reservation, session_id: str) -> None:
         if reservation.released:

@@ -22,8 +22,9 @@ from benchmarks.client import CallClient, make_offer
 from rtc_server.config import ConfigError, ServerConfig
 from rtc_server.engine_factory import EngineFactory
 from rtc_server.turn_controller import MAX_QUEUED_SAYS
+from signaling.addresses import parse_networks
 from signaling.errors import SignalingError
-from signaling.forwarded import ClientView, parse_networks
+from signaling.forwarded import ClientView
 from signaling.messages import max_message_chars, parse_client_event
 from signaling.quota import CallQuota, client_key
 from tests.conftest import LiveServer, start_server

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -155,9 +156,7 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
                 headers={"Retry-After": "5"},
             )
         body = await read_body(request)
-        reservation = await admit(request, None if grant is None else grant.id)
-        session_id = None
-        try:
+        with await admit(request, None if grant is None else grant.id) as reservation:
             # The least-loaded worker first; one with no headroom left (503 at_capacity)
             # passes the call to the next. The last refusal is the answer when none has room.
             for worker in workers:
@@ -167,24 +166,22 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
                     if status == 200:
                         session_id = str(json.loads(payload)["session_id"])
                         worker.sessions[session_id] = asyncio.get_running_loop().time()
+                        if reservation is not None:
+                            reservation.bind(session_id)
                 finally:
                     worker.inflight -= 1
                 if not _at_capacity(status, payload):
                     break
-        finally:
-            if reservation is not None:
-                if session_id is None:
-                    reservation.release()
-                else:
-                    reservation.bind(session_id)
         return web.Response(status=status, headers=headers, body=payload)
 
-    async def admit(request: web.Request, token_id: str | None) -> Reservation | None:
+    async def admit(
+        request: web.Request, token_id: str | None
+    ) -> contextlib.AbstractContextManager[Reservation | None]:
         """The call counted against its client's and token's limits (429 when over): the
         front owns them for the whole server, its workers do not count again."""
         quota = access.quota
         if quota is None:
-            return None
+            return contextlib.nullcontext()
         client = client_key(request.remote)
         live = lambda s: pool.worker_of(s) is not None  # noqa: E731
         quota.keep_only(live)
