@@ -19,7 +19,7 @@ from typing import Any
 
 from musetalk_core.types import AvatarRtcError
 from signaling.access import ORIGIN, AccessPolicy, TokenSigner
-from signaling.addresses import parse_networks
+from signaling.addresses import parse_ip, parse_networks
 from signaling.forwarded import ClientView
 from signaling.offer_rules import PeerRule
 from signaling.quota import DEFAULT_CALLS_PER_CLIENT, DEFAULT_CALLS_PER_TOKEN, CallQuota
@@ -36,12 +36,8 @@ class ConfigError(AvatarRtcError, ValueError):
 
 
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    ip = parse_ip(host)
+    return host == "localhost" or (ip is not None and ip.is_loopback)
 
 
 def default_cache_dir() -> Path:
