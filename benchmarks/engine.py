@@ -56,5 +56,47 @@ async def _measure(frames: int) -> dict[str, Any]:
     }
 
 
+def _timed(fn: Any, rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def landmark_timing(rounds: int = 10, video_frames: int = 50) -> dict[str, Any]:
+    """What avatar preparation spends finding the face mesh, models loaded: one picture, and
+    one frame of a video (tracked from the previous frame)."""
+    import numpy as np
+
+    from musetalk_core import landmarks
+    from musetalk_core.warp_avatar import builtin_portrait
+
+    pictures = {"built-in 512x512": builtin_portrait()}
+    try:
+        import cv2
+        import matplotlib.cbook as cbook
+
+        bgr = cv2.imread(str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)))
+        if bgr is not None:
+            pictures["grace_hopper 512x600"] = np.ascontiguousarray(bgr[:, :, ::-1])
+    except (ImportError, OSError, TypeError):
+        pass
+    landmarks.find_landmarks(pictures["built-in 512x512"])  # loads the models
+    per_picture = {
+        name: summary(_timed(lambda img=img: landmarks.find_landmarks(img), rounds))
+        for name, img in pictures.items()
+    }
+    base = pictures["built-in 512x512"]
+    clip = [np.roll(base, shift=(k % 7, k % 11), axis=(0, 1)) for k in range(video_frames)]
+    t0 = time.perf_counter()
+    landmarks.track_landmarks(clip)
+    per_frame = (time.perf_counter() - t0) * 1000 / video_frames
+    return {"picture_ms": per_picture, "video_frame_ms": per_frame}
+
+
 def run(frames: int) -> dict[str, Any]:
-    return asyncio.run(_measure(frames))
+    result = asyncio.run(_measure(frames))
+    result["landmarks"] = landmark_timing()
+    return result

@@ -12,7 +12,8 @@ touch only that region (face box within the crop box) and leave every other pixe
 
 The face is resized with bilinear interpolation (``cv2.INTER_LINEAR``, upstream's
 ``cv2.resize`` default; ``interpolate(mode="bilinear")`` on tensors). Masks are uint8 0..255
-with the shape of the (clipped) crop box, as :func:`musetalk_core.musetalk_avatar.blend_mask` makes.
+with the shape of the (clipped) crop box, as :func:`musetalk_core.musetalk_geometry.blend_mask`
+makes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .boxes import Corners
-from .musetalk_avatar import FACE_SIZE, blend_mask
+from .musetalk_geometry import FACE_SIZE, blend_mask
 
 if TYPE_CHECKING:
     import torch

@@ -4,34 +4,19 @@ This is our version of upstream's ``Avatar.prepare_material`` (``scripts/realtim
 done once per avatar source and cached on disk:
 
 1. Read the source: one picture, or up to ``max_frames`` frames of a video resampled to ``fps``.
-2. Find the face in every frame (the Haar detector of :mod:`musetalk_core.warp_avatar`) and turn it
-   into MuseTalk's face box, ``(x1, y1, x2, y2)``.
+2. Find the face mesh in every frame and turn it into MuseTalk's face box, ``(x1, y1, x2, y2)``.
 3. Crop the face box, resize it to 256x256 (Lanczos) and encode the crop twice with the caller's
    VAE: once with its lower half black (the part the UNet repaints) and once whole (the
    reference). Per frame the UNet input is the two latents stacked, ``(8, 32, 32)``.
 4. Build the blend mask that pastes a generated face back: over a crop box 1.5x the face box,
-   the lower face only, feathered.
+   the lower face less the nose, feathered.
 5. A video plays as an idle loop: frames then the same frames reversed (ping-pong), and every
    per-frame array follows the same cycle.
 
-Deviations from upstream, all because we ship no landmark or face-parsing weights:
-
-* Face box. Upstream runs from a landmark "upper bound" (the nose-bridge point mirrored above
-  the chin) to the chin. The Haar box runs from about the same top (mid-forehead) to just under
-  the lower lip, so we extend it down to the chin: ``y2 = y + 1.15 h`` (measured on the bundled
-  portrait: Haar box y 67..160, chin at 177, nose bridge at 120, so upstream's top would be
-  63). ``bbox_shift`` then moves the top edge by ``2 * bbox_shift`` pixels, as upstream's moves
-  the nose-bridge anchor by ``bbox_shift`` and mirrors it; v1.5's ``extra_margin`` extends
-  ``y2``; both are clipped to the frame.
-* Blend mask. Upstream's comes from BiSeNet face parsing (``parsing_mode="jaw"``: face skin,
-  lips and chin, cut to the face box). Ours is the ellipse inscribed in the face box. As
-  upstream, only the part below ``upper_boundary_ratio = 0.5`` of the crop box is kept, and it is
-  Gaussian-blurred with an odd kernel of about 0.1 x the crop width.
-* Boxes near the frame edge. Upstream's PIL crop pads outside the picture implicitly; we clip
-  the crop box (and its mask) to the frame.
-* Jitter. Haar boxes jump by a few pixels (and by its 10 % scale steps) from frame to frame, so
-  the video boxes are smoothed with a centred 5-frame moving average. A frame without a
-  detection takes the box of the nearest frame with one.
+The geometry (face box, crop, blend mask) is :mod:`musetalk_core.musetalk_geometry`'s, from the
+face mesh of :mod:`musetalk_core.landmarks`. A video's landmarks are tracked from frame to
+frame and smoothed with a centred 5-frame moving average, so boxes and masks do not jitter; a
+frame without a face takes the landmarks of the nearest frame with one.
 """
 
 from __future__ import annotations
@@ -52,29 +37,17 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from .boxes import Box, Corners
-from .warp_avatar import (
-    AvatarError,
-    NoFaceError,
-    as_rgb,
-    detect_face,
-    image_digest,
-    normalise_size,
-)
+from .boxes import Corners
+from .landmarks import FaceLandmarks, find_landmarks, track_landmarks
+from .musetalk_geometry import LowerFace, blend_mask, face_crop, masked_crop, musetalk_box
+from .types import AvatarError, NoFaceError
+from .warp_avatar import as_rgb, image_digest, normalise_size
 
 __all__ = [
-    "CROP_EXPAND",
-    "FACE_SIZE",
-    "UPPER_BOUNDARY_RATIO",
     "EncodeFn",
     "MaterialSettings",
     "MuseTalkAvatar",
     "ProgressFn",
-    "blend_mask",
-    "crop_box",
-    "face_crop",
-    "masked_crop",
-    "musetalk_box",
     "prepare_musetalk_avatar",
 ]
 
@@ -90,19 +63,11 @@ EncodeFn = Callable[[U8], npt.NDArray[Any]]
 ProgressFn = Callable[[str, int, int], None]
 """Called as ``(stage, done, total)`` with stage ``"faces"`` or ``"latents"``."""
 
-FACE_SIZE = 256
-"""Side of the square face crop the VAE sees."""
 LATENT_SHAPE = (8, 32, 32)
 """Per frame: masked-crop latent (4 channels) then reference latent (4 channels)."""
-CROP_EXPAND = 1.5
-"""Blend crop box side over the face box's longer side (upstream ``expand``)."""
-UPPER_BOUNDARY_RATIO = 0.5
-"""The blend mask is zero above this fraction of the crop box height."""
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bump whenever the meaning of a cached array changes, so stale caches are ignored."""
 
-_CHIN = 1.15
-"""Chin row below the Haar box top, in Haar box heights."""
 _SMOOTH = 5
 """Frames in the centred moving average over video face boxes."""
 
@@ -114,7 +79,7 @@ class MaterialSettings:
     encoder_id: str
     """Names the VAE weights that made the latents."""
     bbox_shift: int = 0
-    """Moves the top edge of the face box by ``2 * bbox_shift`` pixels (positive: down)."""
+    """Moves the half-face line down by ``bbox_shift`` pixels (the top edge by twice that)."""
     extra_margin: int = 10
     """Pixels added below the chin (v1.5), so an opening jaw stays inside the box."""
     max_frames: int = 250
@@ -159,105 +124,6 @@ class MuseTalkAvatar:
     def frame_size(self) -> tuple[int, int]:
         """(width, height) of every frame."""
         return int(self.frames[0].shape[1]), int(self.frames[0].shape[0])
-
-
-# --------------------------------------------------------------------------------------------
-# Geometry
-
-
-def musetalk_box(
-    face: Box, frame_size: tuple[int, int], *, bbox_shift: int = 0, extra_margin: int = 10
-) -> Corners:
-    """MuseTalk's face box from a Haar face box ``(x, y, w, h)``.
-
-    The Haar box is extended down to the chin, its top moved by ``2 * bbox_shift`` and its
-    bottom by ``extra_margin``, and the result clipped to ``frame_size`` ``(width, height)``.
-    Raises :class:`AvatarError` when ``bbox_shift`` moves the top below the chin.
-    """
-    x, y, w, h = face
-    width, height = frame_size
-    chin = min(height, y + round(_CHIN * h))
-    top = max(0, y + 2 * bbox_shift)
-    if top >= chin - 1:
-        raise AvatarError(
-            f"bbox_shift={bbox_shift} moves the top of the face box (row {top}) below the chin "
-            f"(row {chin}); use a smaller value"
-        )
-    x1, x2 = max(0, x), min(width, x + w)
-    return Corners(x1, top, x2, min(height, chin + extra_margin))
-
-
-def crop_box(face: Corners, expand: float = CROP_EXPAND) -> Corners:
-    """The square blend crop box around ``face`` (upstream ``get_crop_box``), not clipped."""
-    x1, y1, x2, y2 = face
-    xc, yc = (x1 + x2) // 2, (y1 + y2) // 2
-    s = int(max(x2 - x1, y2 - y1) // 2 * expand)
-    return Corners(xc - s, yc - s, xc + s, yc + s)
-
-
-def _clip(box: Corners, frame_size: tuple[int, int]) -> Corners:
-    width, height = frame_size
-    x1, y1, x2, y2 = box
-    return Corners(max(0, x1), max(0, y1), min(width, x2), min(height, y2))
-
-
-def blend_mask(
-    face: Corners,
-    frame_size: tuple[int, int],
-    *,
-    expand: float = CROP_EXPAND,
-    upper_boundary_ratio: float = UPPER_BOUNDARY_RATIO,
-) -> tuple[Corners, U8]:
-    """The blend crop box (clipped to the frame) and its uint8 mask (upstream
-    ``get_image_prepare_material``, with an ellipse in place of face parsing).
-
-    The mask is laid out on the unclipped crop box, so a face at the frame edge keeps the
-    mask it would have in the middle, and then cut to the clipped box.
-    """
-    full = crop_box(face, expand)
-    cx1, cy1, cx2, cy2 = full
-    side_w, side_h = cx2 - cx1, cy2 - cy1
-    mask = np.zeros((side_h, side_w), np.uint8)
-    x1, y1, x2, y2 = face
-    # The ellipse inscribed in the face box, sampled at pixel centres.
-    a, b = max(x2 - x1, 1) / 2, max(y2 - y1, 1) / 2
-    ex, ey = (x1 + x2) / 2, (y1 + y2) / 2
-    fx1, fy1 = max(x1, cx1), max(y1, cy1)
-    fx2, fy2 = min(x2, cx2), min(y2, cy2)
-    if fx2 > fx1 and fy2 > fy1:
-        cols = (np.arange(fx1, fx2, dtype=np.float32) + 0.5 - ex) / a
-        rows = (np.arange(fy1, fy2, dtype=np.float32) + 0.5 - ey) / b
-        inside = rows[:, None] ** 2 + cols[None, :] ** 2 <= 1.0
-        mask[fy1 - cy1 : fy2 - cy1, fx1 - cx1 : fx2 - cx1][inside] = 255
-    # Only the talking part: nothing above upper_boundary_ratio of the crop.
-    mask[: int(side_h * upper_boundary_ratio)] = 0
-    kernel = int(0.1 * side_w // 2 * 2) + 1
-    mask = np.asarray(cv2.GaussianBlur(mask, (kernel, kernel), 0), np.uint8)
-    clipped = _clip(full, frame_size)
-    kx1, ky1, kx2, ky2 = clipped
-    cut = mask[ky1 - cy1 : ky2 - cy1, kx1 - cx1 : kx2 - cx1]
-    return clipped, np.ascontiguousarray(cut)
-
-
-def face_crop(frame: U8, face: Corners) -> U8:
-    """The face box of ``frame`` resized to 256x256 with Lanczos (as upstream)."""
-    x1, y1, x2, y2 = face
-    region = frame[y1:y2, x1:x2]
-    if region.size == 0:
-        raise AvatarError(f"empty face box {face} in a {frame.shape[1]}x{frame.shape[0]} frame")
-    resized = cv2.resize(region, (FACE_SIZE, FACE_SIZE), interpolation=cv2.INTER_LANCZOS4)
-    return np.asarray(resized, np.uint8)
-
-
-def masked_crop(crops: U8) -> U8:
-    """Copy of 256x256 crops (one or a batch) with the lower half black.
-
-    Upstream multiplies the [0, 1] image by ``get_mask_tensor`` (ones in rows ``:128``) before
-    normalising, so the lower half reaches the VAE as black, which is 0 in uint8.
-    """
-    out = crops.copy()
-    out[..., FACE_SIZE // 2 :, :, :] = 0
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,11 +194,12 @@ def prepare_musetalk_avatar(
         assert path is not None
         frames = _read_source(path, settings)
     report = _reporter(progress)
-    boxes = _face_boxes(frames, name, settings, report)
+    geometry = _face_geometry(frames, name, settings, report)
+    boxes = [box for box, _ in geometry]
     crops = np.stack([face_crop(f, b) for f, b in zip(frames, boxes, strict=True)])
     latents = _encode(crops, encode, batch_size, report)
     size = (int(frames[0].shape[1]), int(frames[0].shape[0]))
-    material = [blend_mask(b, size) for b in boxes]
+    material = [blend_mask(box, size, lower) for box, lower in geometry]
     unique = _Unique(
         frames=np.stack(frames),
         face_boxes=np.asarray(boxes, np.int32),
@@ -502,46 +369,47 @@ class _Decoded:
         return self._rgb
 
 
-def _face_boxes(
+def _face_geometry(
     frames: list[U8], name: str, settings: MaterialSettings, report: ProgressFn | None
-) -> list[Corners]:
+) -> list[tuple[Corners, LowerFace]]:
+    """Per frame: MuseTalk's face box and the lower face its mask is drawn from."""
     n = len(frames)
-    found: list[Box | None] = []
-    error: NoFaceError | None = None
-    for i, frame in enumerate(frames):
-        try:
-            found.append(detect_face(frame, name))
-        except NoFaceError as exc:
-            if n == 1:
-                raise
-            found.append(None)
-            error = exc
+
+    def progress(done: int) -> None:
         if report is not None:
-            report("faces", i + 1, n)
-    good = [i for i, b in enumerate(found) if b is not None]
+            report("faces", done, n)
+
+    if n == 1:
+        # One picture: the detector's own error says why no face was found.
+        found: list[FaceLandmarks | None] = [find_landmarks(frames[0], name)]
+        progress(1)
+    else:
+        found = track_landmarks(frames, name, progress=progress)
+    good = [i for i, f in enumerate(found) if f is not None]
     if not good:
-        assert error is not None
-        raise NoFaceError(f"{error} (none in any of its {n} frames)")
+        raise NoFaceError(
+            f"no frontal face found in {name} (none in any of its {n} frames); use a video "
+            "of a frontal face, well lit and looking at the camera"
+        )
     if len(good) < n:
         logger.info("no face found in %d of %d frames; using the nearest frame's", n - len(good), n)
-    filled = np.array(
-        [found[min(good, key=lambda g: abs(g - i))] for i in range(n)], np.float64
-    )  # (n, 4) x, y, w, h
+    nearest = [found[min(good, key=lambda g: abs(g - i))] for i in range(n)]
+    points = np.stack([f.points for f in nearest if f is not None])  # (n, 468, 2)
     if n > 1:
         half = _SMOOTH // 2
-        filled = np.array(
-            [filled[max(0, i - half) : i + half + 1].mean(axis=0) for i in range(n)], np.float64
-        )
+        points = np.stack(
+            [points[max(0, i - half) : i + half + 1].mean(axis=0) for i in range(n)]
+        ).astype(np.float32)
     size = (int(frames[0].shape[1]), int(frames[0].shape[0]))
-    return [
-        musetalk_box(
-            Box(round(x), round(y), round(w), round(h)),
-            size,
-            bbox_shift=settings.bbox_shift,
-            extra_margin=settings.extra_margin,
+    out = []
+    for f, p in zip(nearest, points, strict=True):
+        assert f is not None
+        smooth = dataclasses.replace(f, points=p)
+        box = musetalk_box(
+            smooth, size, bbox_shift=settings.bbox_shift, extra_margin=settings.extra_margin
         )
-        for x, y, w, h in filled
-    ]
+        out.append((box, LowerFace.from_landmarks(smooth)))
+    return out
 
 
 def _encode(crops: U8, encode: EncodeFn, batch_size: int, report: ProgressFn | None) -> F32:

@@ -8,7 +8,15 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["AudioChunk", "AvatarFrame", "AvatarRtcError", "EngineError", "LipSyncEngine"]
+__all__ = [
+    "AudioChunk",
+    "AvatarError",
+    "AvatarFrame",
+    "AvatarRtcError",
+    "EngineError",
+    "LipSyncEngine",
+    "NoFaceError",
+]
 
 
 class AvatarRtcError(Exception):
@@ -18,6 +26,14 @@ class AvatarRtcError(Exception):
 
 class EngineError(AvatarRtcError, RuntimeError):
     """A lip-sync engine that cannot go on (its inference failed, it was closed)."""
+
+
+class AvatarError(AvatarRtcError, ValueError):
+    """A portrait could not be loaded or prepared."""
+
+
+class NoFaceError(AvatarError):
+    """No frontal face was found in the portrait."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,10 +210,8 @@ class WarpRenderer:
         """Everything :meth:`render` writes to when the avatar does not sway."""
         eh, ew = avatar.eye_masks.shape[1:]
         self._eye_rows = np.arange(eh, dtype=np.float32)[:, None]
-        self._eye_u2 = [
-            np.clip(((np.arange(ew, dtype=np.float32) - cx) / ax) ** 2, 0.0, 1.0)
-            for (cx, _), (ax, _) in zip(avatar.eye_centers, avatar.eye_axes, strict=True)
-        ]
+        self._eye_cols = np.broadcast_to(np.arange(ew, dtype=np.float32), (eh, ew)).copy()
+        self._eye_src = [np.ascontiguousarray(avatar.image[at]) for at in self._eye_at]
 
     @property
     def frame_size(self) -> tuple[int, int]:
@@ -399,23 +397,26 @@ class WarpRenderer:
         a = self.avatar
         rows = self._eye_rows
         for i, at in enumerate(self._eye_at):
-            _, cy = a.eye_centers[i]
-            _, ay = a.eye_axes[i]
-            top = cy - ay
-            shut = cy + 0.45 * ay
-            # The lid edge comes down as an arc, lower in the middle, like a closing eyelid.
-            edge = top + blink * ((shut - top) + 0.25 * ay * (1.0 - self._eye_u2[i]))
+            top = a.eye_upper[i]
+            # The upper lid slides down over the eye until its edge meets the lower lid: the
+            # picture's own lid, lashes and crease move down with it, in the eye opening only.
+            shift = blink * (a.eye_lower[i] - top)
+            edge = top + shift
+            map_y = np.maximum(rows - shift[None, :], 0.0).astype(np.float32)
+            lid_px = np.asarray(
+                cv2.remap(self._eye_src[i], self._eye_cols, map_y, cv2.INTER_LINEAR), np.float32
+            )
             region_mask = a.eye_masks[i]
             lid = region_mask * np.clip(edge[None, :] - rows + 0.5, 0.0, 1.0)
-            lash_width = max(0.8, 0.12 * float(ay))
+            lash_width = max(0.8, 0.25 * float(a.eye_axes[i][1]))
             lash = region_mask * np.exp(-(((rows - edge[None, :]) / lash_width) ** 2))
-            lash *= 0.75 * min(1.0, 2.0 * blink)
+            lash *= 0.4 * min(1.0, 2.0 * blink)
             # The closing lid darkens towards its edge, where it folds over the eyeball.
-            fold = np.clip((rows - top) / np.maximum(edge[None, :] - top, 1.0), 0.0, 1.0)
-            lid_rgb = a.eyelid_rgb[i][None, :, :] * (1.0 - 0.12 * fold)[:, :, None]
+            fold = np.clip((rows - top) / np.maximum(edge - top, 1.0)[None, :], 0.0, 1.0)
+            lid_px *= (1.0 - 0.12 * fold)[:, :, None]
             region = out[at]
             px = region.astype(np.float32)
-            px += lid[:, :, None] * (lid_rgb - px)
+            px += lid[:, :, None] * (lid_px - px)
             px += lash[:, :, None] * (a.lash_rgb - px)
             region[...] = (px + 0.5).astype(np.uint8)
 

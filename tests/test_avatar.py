@@ -7,6 +7,7 @@ from pathlib import Path
 
 import av
 import cv2
+import faces
 import numpy as np
 import pytest
 
@@ -139,7 +140,7 @@ def test_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     def no_detection(*args: object, **kwargs: object) -> None:
         raise AssertionError("detection ran although the cache should have been used")
 
-    monkeypatch.setattr(avatar_mod, "_detect_face", no_detection)
+    monkeypatch.setattr(avatar_mod, "find_landmarks", no_detection)
     second = prepare_avatar(builtin_portrait(), cache_dir=tmp_path)
     for f in dataclasses.fields(WarpAvatar):
         a, b = getattr(first, f.name), getattr(second, f.name)
@@ -216,24 +217,53 @@ def test_prepare_astronaut_from_file_matches_builtin(tmp_path: Path, astronaut: 
     assert again.frame_size == (512, 512)
 
 
-def _mouth_patch(middle: list[tuple[int, int, int]]) -> np.ndarray:
-    """A 40x40 skin patch with an upper lip, ``middle`` rows, and a lower lip."""
-    skin, lip = (225, 185, 165), (190, 110, 110)
-    rows = [skin] * 12 + [lip] * 4 + middle + [lip] * 5
-    rows += [skin] * (40 - len(rows))
-    return np.repeat(np.array(rows, np.uint8)[:, None, :], 40, axis=1)
+@pytest.fixture(scope="module", params=faces.ALL, ids=lambda f: f.__name__)
+def face(request: pytest.FixtureRequest) -> tuple[faces.Face, WarpAvatar]:
+    made: faces.Face = request.param()
+    return made, prepare_avatar(made.image, source=made.name)
 
 
-def test_lip_line_goes_through_the_seam_of_closed_lips() -> None:
-    patch = _mouth_patch([(120, 60, 60)])  # one dark seam row at y 16
-    lip_y, teeth = avatar_mod._lip_line(patch, (0, 4, 40, 24))
-    assert (lip_y, teeth) == (16.5, False)
+def _tolerance(avatar: WarpAvatar) -> float:
+    """As tests/test_landmarks.py: 8 % of the eye distance, at least 5 px."""
+    (lx, ly), (rx, ry) = (_centre(b) for b in avatar.eye_boxes)
+    return max(5.0, 0.08 * float(np.hypot(rx - lx, ry - ly)))
 
 
-def test_lip_line_goes_under_visible_teeth() -> None:
-    patch = _mouth_patch([(235, 230, 220)] * 3)  # teeth at y 16..18
-    lip_y, teeth = avatar_mod._lip_line(patch, (0, 4, 40, 24))
-    assert (lip_y, teeth) == (18.5, True)
+def test_lip_line_and_corners_on_every_test_face(face: tuple[faces.Face, WarpAvatar]) -> None:
+    """Closed lips part at their seam; lips apart over teeth part under the teeth."""
+    made, avatar = face
+    x0, y0 = avatar.mouth_crop[:2]
+    u = avatar.mouth_u
+    left, right = int(np.argmin(np.abs(u + 1))), int(np.argmin(np.abs(u - 1)))
+    tol = _tolerance(avatar)
+    assert abs(left + x0 - made.points["mouth_left"][0]) <= tol
+    assert abs(right + x0 - made.points["mouth_right"][0]) <= tol
+    sx, sy = made.points["seam"]
+    seam_there = float(np.interp(sx - x0, np.arange(len(avatar.mouth_seam)), avatar.mouth_seam))
+    assert abs(seam_there + y0 - sy) <= tol
+    # Flat beyond the corners.
+    assert np.ptp(avatar.mouth_seam[:left]) == 0.0 and np.ptp(avatar.mouth_seam[right + 1 :]) == 0.0
+    # The built-in portrait shows its teeth, Grace Hopper's lips are closed.
+    assert avatar.teeth_hint == (0.0 if made.name in ("astronaut", "dark") else 0.9)
+
+
+def test_eyelids_follow_the_eye_contours(face: tuple[faces.Face, WarpAvatar]) -> None:
+    _, avatar = face
+    for i, ew in enumerate(avatar.eye_crops[:, 2]):
+        top, bottom = avatar.eye_upper[i], avatar.eye_lower[i]
+        assert top.shape == bottom.shape == (ew,) and (bottom >= top).all()
+        open_cols = np.flatnonzero(bottom - top > 1.0)
+        assert open_cols.size > 0.4 * ew / 1.3, "an eye about as wide as the crop allows"
+        # The mask covers the opening, not the brow above it or the cheek below.
+        mask = avatar.eye_masks[i]
+        c = int(open_cols[len(open_cols) // 2])
+        mid = int(round((top[c] + bottom[c]) / 2))
+        assert mask[mid, c] > 0.9
+        # Its feathered edge reaches a sixth of the eye's width at most (the brow sits half of
+        # it above the eye).
+        reach = int(np.ceil(2 + 2 * avatar.eye_axes[i][0] / 6))
+        assert mask[: max(0, int(top[c]) - reach), c].max(initial=0.0) == 0.0
+        assert mask[int(bottom[c]) + reach + 1 :, c].max(initial=0.0) == 0.0
 
 
 def test_the_two_box_conventions_convert_both_ways() -> None:

@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import av
 import cv2
+import faces
 import numpy as np
 import pytest
 import torch
 
+from musetalk_core import landmarks as lm
 from musetalk_core import musetalk_avatar as material_mod
 from musetalk_core.blending import blend_crop, blend_crop_torch, blend_full_frame, time_blends
-from musetalk_core.musetalk_avatar import (
-    MaterialSettings,
-    MuseTalkAvatar,
+from musetalk_core.landmarks import CHIN, JAW_68, NOSE_MID, FaceLandmarks, find_landmarks
+from musetalk_core.musetalk_avatar import MaterialSettings, MuseTalkAvatar, prepare_musetalk_avatar
+from musetalk_core.musetalk_geometry import (
+    LowerFace,
     blend_mask,
     crop_box,
     face_crop,
     masked_crop,
     musetalk_box,
-    prepare_musetalk_avatar,
 )
 from musetalk_core.warp_avatar import AvatarError, NoFaceError, builtin_portrait
 
@@ -83,26 +86,61 @@ def still() -> MuseTalkAvatar:
 # Geometry
 
 
-def test_face_box_reaches_the_chin_plus_margin() -> None:
-    # A Haar box (x, y, w, h) runs to under the lower lip; MuseTalk's box runs to the chin.
-    assert musetalk_box((100, 50, 80, 80), (400, 300), extra_margin=0) == (100, 50, 180, 142)
-    assert musetalk_box((100, 50, 80, 80), (400, 300)) == (100, 50, 180, 152)
-    assert musetalk_box((100, 50, 80, 80), (400, 300), extra_margin=25) == (100, 50, 180, 167)
+@pytest.fixture(scope="module")
+def marks() -> FaceLandmarks:
+    return find_landmarks(builtin_portrait())
 
 
-def test_bbox_shift_moves_the_top_edge_twice_as_upstream() -> None:
-    assert musetalk_box((100, 50, 80, 80), (400, 300), bbox_shift=5)[1] == 60
-    assert musetalk_box((100, 50, 80, 80), (400, 300), bbox_shift=-7)[1] == 36
-    assert musetalk_box((100, 50, 80, 80), (400, 300), bbox_shift=-40)[1] == 0, "clipped"
-    with pytest.raises(AvatarError, match="bbox_shift=50"):
-        musetalk_box((100, 50, 80, 80), (400, 300), bbox_shift=50)
+def _moved(marks: FaceLandmarks, dx: float, dy: float) -> FaceLandmarks:
+    return dataclasses.replace(marks, points=marks.points + np.float32([dx, dy]))
 
 
-def test_face_box_is_clipped_to_the_frame() -> None:
-    # Chin beyond the bottom edge, margin too; box partly left of and right of the frame.
-    assert musetalk_box((100, 220, 80, 80), (400, 300)) == (100, 220, 180, 300)
-    assert musetalk_box((-6, 10, 80, 80), (400, 300))[0] == 0
-    assert musetalk_box((350, 10, 80, 80), (400, 300))[2] == 400
+def test_face_box_by_upstreams_rules(marks: FaceLandmarks) -> None:
+    jaw = marks.xy(JAW_68)
+    chin, nose = float(marks.xy(CHIN)[1]), float(marks.xy(NOSE_MID)[1])
+    box = musetalk_box(marks, (512, 512), extra_margin=0)
+    assert box == (
+        int(np.floor(jaw[:, 0].min())),
+        round(2 * nose - chin),
+        int(np.ceil(jaw[:, 0].max())),
+        round(chin),
+    )
+    assert musetalk_box(marks, (512, 512))[3] == box[3] + 10
+    assert musetalk_box(marks, (512, 512), extra_margin=25)[3] == box[3] + 25
+
+
+@pytest.mark.parametrize("make", faces.ALL, ids=lambda f: f.__name__)
+def test_face_box_and_half_mask_line_on_every_test_face(make: Any) -> None:
+    """The box ends at the hand-checked chin (plus the margin); the line the UNet repaints
+    below, the middle of the crop, runs between the eyes and the mouth."""
+    face: faces.Face = make()
+    found = find_landmarks(face.image)
+    x1, y1, x2, y2 = musetalk_box(found, face.image.shape[1::-1], extra_margin=0)
+    tol = max(5.0, 0.08 * found.eye_distance)
+    slack = 0.5 * (x2 - x1) * abs(np.sin(found.roll))  # a turned jaw dips below the chin
+    assert face.points["chin"][1] - tol <= y2 <= face.points["chin"][1] + tol + slack
+    corners_y = (face.points["mouth_left"][1] + face.points["mouth_right"][1]) / 2
+    half = (y1 + y2) / 2
+    eyes = found.xy(lm.EYE_LOWER[0] + lm.EYE_LOWER[1])[:, 1].max()
+    assert eyes < half < corners_y - 0.25 * (face.points["chin"][1] - corners_y)
+    assert x1 < face.points["mouth_left"][0] and face.points["mouth_right"][0] < x2
+
+
+def test_bbox_shift_moves_the_half_face_line(marks: FaceLandmarks) -> None:
+    base = musetalk_box(marks, (512, 512))
+    assert musetalk_box(marks, (512, 512), bbox_shift=5)[1] == base[1] + 10
+    assert musetalk_box(marks, (512, 512), bbox_shift=-7)[1] == base[1] - 14
+    assert musetalk_box(marks, (512, 512), bbox_shift=-40)[1] == 0, "clipped"
+    with pytest.raises(AvatarError, match="bbox_shift=60"):
+        musetalk_box(marks, (512, 512), bbox_shift=60)
+
+
+def test_face_box_is_clipped_to_the_frame(marks: FaceLandmarks) -> None:
+    x1, y1, x2, y2 = musetalk_box(marks, (512, 512))
+    # Chin and margin beyond the bottom edge; the face partly left of, then right of the frame.
+    assert musetalk_box(marks, (512, y2 - 4))[3] == y2 - 4
+    assert musetalk_box(_moved(marks, -x1 - 6, 0), (512, 512))[0] == 0
+    assert musetalk_box(_moved(marks, 512 - x2 + 6, 0), (512, 512))[2] == 512
 
 
 def test_crop_box_is_the_face_box_times_one_and_a_half() -> None:
@@ -127,6 +165,68 @@ def test_blend_mask_keeps_the_lower_face_feathered() -> None:
     assert mask[-1].max() == 0 and mask[:, 0].max() == 0 and mask[:, -1].max() == 0
     # Lower corners of the face box lie outside the inscribed ellipse (the jaw).
     assert mask[face[3] - 1 - box[1], face[0] - box[0]] < mask[cy, cx] // 4
+
+
+def _lower_face_zone(marks: FaceLandmarks, frame_shape: tuple[int, ...], reach: int) -> np.ndarray:
+    """The face outline below the nose ridge, grown by ``reach`` px: all a mask may touch."""
+    zone = np.zeros(frame_shape[:2], np.uint8)
+    outline = marks.xy(lm.FACE_OVAL)
+    cv2.fillPoly(zone, [np.round(outline).astype(np.int32)], 255)
+    zone[: int(marks.xy(NOSE_MID)[1]) - reach] = 0
+    kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * reach + 1, 2 * reach + 1))
+    return cv2.dilate(zone, kernel) > 0
+
+
+@pytest.mark.parametrize("make", faces.ALL, ids=lambda f: f.__name__)
+def test_landmark_mask_is_the_lower_face_less_the_nose(make: Any) -> None:
+    face: faces.Face = make()
+    marks = find_landmarks(face.image)
+    size = face.image.shape[1::-1]
+    box = musetalk_box(marks, size)
+    crop, mask = blend_mask(box, size, LowerFace.from_landmarks(marks))
+    _, ellipse = blend_mask(box, size)
+    assert crop == blend_mask(box, size)[0] and mask.shape == ellipse.shape
+
+    def at(x: float, y: float, m: np.ndarray = mask) -> int:
+        return int(m[int(round(y)) - crop[1], int(round(x)) - crop[0]])
+
+    # Full weight on the lips and between mouth and chin.
+    sx, sy = face.points["seam"]
+    cx, cy = face.points["chin"]
+    assert at(sx, sy) == 255 and at((sx + cx) / 2, (sy + cy) / 2) == 255
+    # The nose tip keeps the picture's own (the ellipse pasted the generated one).
+    tx, ty = marks.xy(lm.NOSE_TIP)
+    assert at(tx, ty) < 0.6 * at(tx, ty, ellipse)
+    # Beyond the jaw line (neck, collar, background beside the chin) the picture stays, where
+    # the ellipse pasted the generated face's edge over it.
+    jaw = marks.xy(lm.JAW_68)
+    low = jaw[np.argsort(jaw[:, 1])[-10:]]  # the lower jaw, round the chin
+    outside = low + (low - np.array([sx, sy])) * 0.25
+    pasted = [(x, y) for x, y in outside if crop[1] <= y < crop[3] and at(x, y, ellipse) >= 64]
+    assert pasted and all(at(x, y) < 0.5 * at(x, y, ellipse) for x, y in pasted)
+    # Nothing outside the lower face is touched: there the mask is exactly 0.
+    # The region grows by 1.2 % of the crop side, then the blur spreads it by half its kernel.
+    side = crop_box(box)[2] - crop_box(box)[0]
+    kernel = int(0.1 * side // 2 * 2) + 1
+    zone = _lower_face_zone(marks, face.image.shape, kernel // 2 + int(np.ceil(0.012 * side)) + 1)
+    full = np.zeros(face.image.shape[:2], np.uint8)
+    full[crop[1] : crop[3], crop[0] : crop[2]] = mask
+    assert full[~zone].max() == 0
+
+
+def test_landmark_mask_leaves_the_rest_of_the_frame_bit_identical() -> None:
+    face = faces.hopper()
+    marks = find_landmarks(face.image)
+    size = face.image.shape[1::-1]
+    box = musetalk_box(marks, size)
+    crop, mask = blend_mask(box, size, LowerFace.from_landmarks(marks))
+    generated = np.random.default_rng(5).integers(0, 256, (256, 256, 3), dtype=np.uint8)
+    out = blend_crop(face.image, generated, box, crop, mask)
+    full = np.zeros(face.image.shape[:2], np.uint8)
+    full[crop[1] : crop[3], crop[0] : crop[2]] = mask
+    same = np.all(out == face.image, axis=2)
+    assert same[full == 0].all()
+    assert not same[full == 255].all(), "the lower face did change"
 
 
 def test_blend_mask_is_clipped_at_the_frame_edge() -> None:
@@ -160,8 +260,12 @@ def test_face_crop_and_masked_crop() -> None:
 def test_still_picture_material(still: MuseTalkAvatar) -> None:
     assert len(still) == 1 and still.source_frames == 1 and not still.cache_hit
     assert still.frame_size == (512, 512)
-    assert tuple(still.face_boxes[0]) == (177, 67, 270, 184)
-    assert tuple(still.crop_boxes[0]) == crop_box((177, 67, 270, 184))
+    marks = find_landmarks(builtin_portrait())
+    box = musetalk_box(marks, (512, 512))
+    assert tuple(still.face_boxes[0]) == box
+    crop, mask = blend_mask(box, (512, 512), LowerFace.from_landmarks(marks))
+    assert tuple(still.crop_boxes[0]) == crop == crop_box(box)
+    assert np.array_equal(still.masks[0], mask)
     assert still.latents.shape == (1, 8, 32, 32) and still.latents.dtype == np.float32
     assert still.settings == MaterialSettings(encoder_id="fake")
 
@@ -245,7 +349,7 @@ def test_frames_without_a_face_take_the_nearest_box() -> None:
     blank = np.full_like(face, 128)
     frames = [face, blank, blank, _shifted(face, 4)]
     settings = MaterialSettings(encoder_id="x")
-    boxes = material_mod._face_boxes(frames, "clip", settings, None)
+    boxes = [box for box, _ in material_mod._face_geometry(frames, "clip", settings, None)]
     assert len(boxes) == 4
     assert all(b[2] > b[0] and b[3] > b[1] for b in boxes)
     assert boxes[0][0] <= boxes[1][0] <= boxes[2][0] <= boxes[3][0] <= boxes[0][0] + 4

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import cv2
+import faces
 import numpy as np
 import pytest
 
@@ -150,9 +152,11 @@ def test_open_mouth_is_a_shaded_red_brown_cavity(avatar: WarpAvatar) -> None:
     assert pixels.max(axis=1).min() > 15
     red, green, blue = pixels.mean(axis=0)
     assert red > green + 20 and red > blue + 20
-    # Darker at the back and top (under the upper teeth) than towards the floor.
+    # Darker at the back and top (under the upper teeth) than towards the floor, inside the
+    # opening (its anti-aliased edge rows are part lip, part cavity).
     x = _centre_column(avatar)
-    column = _luma(frame)[np.flatnonzero(cavity[:, x]), x]
+    inner = cavity[:, x] & np.roll(cavity[:, x], 1) & np.roll(cavity[:, x], -1)
+    column = _luma(frame)[np.flatnonzero(inner), x]
     third = len(column) // 3
     assert third >= 2
     assert column[:third].mean() + 30 < column[-third:].mean()
@@ -475,3 +479,40 @@ async def test_mouth_motion_follows_the_audio_envelope(avatar: WarpAvatar) -> No
     best = max(corr, key=lambda lag: corr[lag])
     assert abs(best) <= 1, corr
     assert corr[best] >= 0.5, corr
+
+
+@pytest.fixture(scope="module", params=faces.ALL, ids=lambda f: f.__name__)
+def face_avatar(request: pytest.FixtureRequest) -> WarpAvatar:
+    made: faces.Face = request.param()
+    return prepare_avatar(made.image, source=made.name)
+
+
+def test_the_opening_sits_between_the_detected_lips(face_avatar: WarpAvatar) -> None:
+    """On every test face the mouth opens along the mesh's lip line, between its corners."""
+    a = face_avatar
+    r = WarpRenderer(a)
+    o = 0.6
+    frame = r.render(o, 0.0, _quiet_time(r))
+    # The cavity: much darker than the skin, and darker than the picture was there (a moving
+    # jaw also shifts skin texture about, which only changes shading).
+    skin = float(_luma(a.skin_rgb[None])[0])
+    now = _luma(frame)
+    darker = (now < 0.6 * skin) & (_luma(a.image) - now > 25)
+    # Only the opening itself: the largest dark region (a skin fold may darken a little).
+    _, labels, stats, _ = cv2.connectedComponentsWithStats(darker.astype(np.uint8), connectivity=8)
+    largest = 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
+    darker = labels == largest
+    pts = a.landmarks
+    (lx, _), (rx, _) = pts[61], pts[291]
+    x0, y0 = a.mouth_crop[:2]
+    cols = np.flatnonzero(darker.any(axis=0))
+    assert cols.size and lx - 2 <= cols.min() and cols.max() <= rx + 2
+    # Mid-mouth the dark opening starts at the seam (the upper lip lifts a little) and ends
+    # above the dropped lower lip (a dark lip counts as dark too).
+    c = int(round(a.lip_x)) + x0
+    rows = np.flatnonzero(darker[:, c])
+    assert rows.size >= 2
+    seam = a.mouth_seam[c - x0] + y0
+    upper_lip_top, lower_lip_bottom = pts[0][1], pts[17][1]
+    assert upper_lip_top <= rows.min() and abs(rows.min() - seam) <= 2 + o * a.max_raise * 1.5
+    assert seam + o * a.max_drop - 2 <= rows.max() <= lower_lip_bottom + o * a.max_drop
