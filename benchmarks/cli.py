@@ -94,6 +94,18 @@ def _engine(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return {"frames": args.frames}, r
 
 
+def _read_speech(path: Path) -> Any:
+    """A mono 16-bit 48 kHz WAV file as int16 samples (what ``--speech-wav`` takes)."""
+    import wave
+
+    import numpy as np
+
+    with wave.open(str(path), "rb") as w:
+        if (w.getnchannels(), w.getsampwidth(), w.getframerate()) != (1, 2, 48_000):
+            raise SystemExit(f"{path}: --speech-wav takes mono 16-bit 48 kHz WAV")
+        return np.frombuffer(w.readframes(w.getnframes()), np.int16).copy()
+
+
 def _musetalk(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from benchmarks import musetalk
 
@@ -107,6 +119,7 @@ def _musetalk(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         rounds=args.rounds,
         compile_models=args.compile,
         blend_size=(w, h),
+        speech=None if args.speech_wav is None else _read_speech(args.speech_wav),
     )
     print(f"MuseTalk ({r['weights']}) on {r['placement']} ({r['device_name']})")
     print(
@@ -396,6 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--rounds", type=int, default=3, help="musetalk: timed steps per batch")
     eng.add_argument("--compile", action="store_true", help="musetalk: torch.compile")
     eng.add_argument("--blend-size", default="1280x720", help="musetalk: blend benchmark frame")
+    eng.add_argument(
+        "--speech-wav",
+        type=Path,
+        default=None,
+        help="musetalk: mono 16-bit 48 kHz speech to drive it (default: the Piper voice)",
+    )
     cal = sub.add_parser("call", help="a call from an aiortc client: fps, intervals, lip-sync")
     cal.add_argument("--says", type=int, default=5)
     cal.add_argument("--url", default=None, help="a running server (default: in-process)")
@@ -500,3 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(args.bench, results, args.plot)
         print(f"wrote {args.plot}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -47,8 +47,10 @@ def run(
     rounds: int = 3,
     compile_models: bool = False,
     blend_size: tuple[int, int] = (1280, 720),
+    speech: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    from benchmarks.clip import PARAGRAPH, speech_pcm
+    """``speech``: mono int16 at 48 kHz to drive the engine with; None speaks the first
+    sentence of the benchmark paragraph with the bundled Piper voice."""
     from musetalk_core.blending import time_blends
     from musetalk_core.engine import MuseTalkEngine
     from musetalk_core.features import Downsampler
@@ -77,7 +79,10 @@ def run(
         load_ms = loaded.load_ms
         _progress(f"loaded on {placement} in {load_ms:.0f} ms")
         runtime = loaded.runtime(max_batch=max(batch_sizes), first_batch=2)
-        speech = asyncio.run(speech_pcm(PARAGRAPH.split(".")[0] + "."))
+        if speech is None:
+            from benchmarks.clip import PARAGRAPH, speech_pcm
+
+            speech = asyncio.run(speech_pcm(PARAGRAPH.split(".")[0] + "."))
         speech16 = Downsampler().process(speech)
         dev = placement.device
         if dev.type == "cuda":
@@ -141,6 +146,7 @@ def run(
     return {
         "engine": "musetalk",
         "weights": source,
+        "compiled": compile_models,
         "placement": str(placement),
         "load_ms": round(load_ms, 1),
         "frame_size": list(material.frame_size),

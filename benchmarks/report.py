@@ -30,10 +30,15 @@ def machine() -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    import aiortc
-    import av
-
-    return {"aiortc": aiortc.__version__, "av": av.__version__, "numpy": np.__version__}
+    """Versions of the media stack; "not installed" on a machine that runs only the engine
+    benchmark (the GPU check's bare image has neither aiortc nor PyAV)."""
+    out = {}
+    for name in ("aiortc", "av"):
+        try:
+            out[name] = str(__import__(name).__version__)
+        except ImportError:
+            out[name] = "not installed"
+    return out | {"numpy": np.__version__}
 
 
 def summary(samples: Sequence[float]) -> dict[str, float]:

@@ -62,7 +62,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="auto: MuseTalk material too when its weights are present",
     )
     add_options(prep, environ, [option("weights-dir"), option("musetalk-device")])
-    prep.add_argument("--bbox-shift", type=int, default=0, help="MuseTalk: move the half-face line down (px)")
+    prep.add_argument(
+        "--bbox-shift", type=int, default=0, help="MuseTalk: move the half-face line down (px)"
+    )
     prep.add_argument("--extra-margin", type=int, default=10, help="MuseTalk: pixels below chin")
 
     weights = sub.add_parser(

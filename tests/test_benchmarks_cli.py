@@ -45,6 +45,67 @@ def test_bench_encode(tmp_path: Path) -> None:
 def test_bench_engine(tmp_path: Path) -> None:
     r = _run(tmp_path, "engine", "--frames", "20")
     assert r["engine"] == "warp" and r["speaking_ms"]["n"] == 20 and r["idle_ms"]["n"] == 20
+    marks = r["landmarks"]
+    assert marks["video_frame_ms"] > 0
+    assert {"n", "p50"} <= set(marks["picture_ms"]["built-in 512x512"])
+
+
+def test_gpu_check_script_runs_without_the_media_stack(tmp_path: Path) -> None:
+    """benchmarks/gpu_check.sh on CPU with tiny weights, in an interpreter where PyAV, aiortc
+    and Piper cannot be imported (as on the bare GPU image): its figures come back."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+    import wave
+
+    from benchmarks.clip import speech_pcm
+
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    pcm = asyncio.run(speech_pcm("The quick brown fox jumps over the lazy dog."))
+    with wave.open(str(kit / "speech.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(48_000)
+        w.writeframes(pcm.tobytes())
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "for name in ('av', 'aiortc', 'aioice', 'piper'):\n"
+        "    sys.modules[name] = None\n"
+    )
+    out = tmp_path / "out"
+    env = os.environ | {
+        "KIT": str(kit),
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(blocker),
+        "DEVICE": "cpu",
+        "SIZE": "tiny",
+        "BATCHES": "1,2",
+        "ROUNDS": "1",
+        "COMPILE": "0",
+    }
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.sh"
+    done = subprocess.run(
+        ["bash", str(script)],
+        env=env,
+        cwd=script.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    log = (out / "log.txt").read_text() if (out / "log.txt").exists() else done.stdout
+    assert done.returncode == 0, log + done.stderr
+    doc = json.loads((out / "musetalk-eager.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["versions"]["av"] == doc["versions"]["aiortc"] == "not installed"
+    r = doc["results"]
+    assert [b["batch"] for b in r["batches"]] == [1, 2] and r["compiled"] is False
+    assert r["first_frame_ms"]["n"] >= 1 and r["placement"].startswith("cpu")
+    assert not (out / "musetalk-compiled.json").exists()
 
 
 def test_bench_engine_musetalk_with_tiny_random_weights(tmp_path: Path) -> None:
