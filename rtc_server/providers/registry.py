@@ -89,7 +89,11 @@ def load_providers(
     stt_choice, llm_choice, tts_choice = choose(config)
     key = config.conversation.openai_api_key or ""
     base = config.conversation.openai_base_url or OPENAI_BASE_URL
-    local_tts = PiperTTS.load(executor, deterministic=config.conversation.piper_deterministic)
+    local_tts = PiperTTS.load(
+        executor,
+        deterministic=config.conversation.piper_deterministic,
+        cache_dir=config.server.cache_dir,
+    )
     policy = HTTPPolicy(
         max_attempts=config.conversation.provider_attempts,
         backoff_initial_s=config.conversation.provider_backoff_s,
