@@ -5,6 +5,11 @@ scheduler (which owns what is heard) and the engines (which only need the sound 
 Slicing is continuous within a segment, so piece ``j`` of segment ``s`` is always samples
 ``[j * n, (j + 1) * n)`` of everything pushed for ``s``, whatever sizes the pushes had; only
 the last piece of an ended segment is short, and it is padded with silence.
+
+Speech pushed as an :class:`AudioChunk` with phonemes (:meth:`SegmentQueue.push_chunk`) builds
+its segment's :class:`~musetalk_core.visemes.VisemeTimeline` as it arrives, on the segment's own
+clock; each piece carries that timeline and its own middle on it, so an engine can shape the
+mouth of every frame from the phonemes around it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from .types import AudioChunk, PhonemeSpan
+from .visemes import VisemeTimeline
 
 __all__ = ["Piece", "SegmentQueue"]
 
@@ -28,13 +36,35 @@ class Piece:
     index: int
     """Position of this slice within its segment: 0, 1, 2, ..."""
     pcm: I16
+    timeline: VisemeTimeline | None = None
+    """The segment's visemes, when its speech came with phonemes; None otherwise."""
+    time: float = 0.0
+    """The middle of this slice on the segment's clock (seconds), where ``timeline`` applies."""
 
 
 class _Segment:
-    __slots__ = ("segment_id", "chunks", "offset", "available", "taken", "ended")
+    __slots__ = (
+        "segment_id",
+        "chunks",
+        "offset",
+        "available",
+        "taken",
+        "ended",
+        "pushed",
+        "rate",
+        "spans",
+        "timeline",
+    )
 
     def __init__(self, segment_id: int) -> None:
         self.segment_id = segment_id
+        self.pushed = 0
+        """Samples pushed so far."""
+        self.rate = 0
+        """Sample rate of chunks pushed with :meth:`SegmentQueue.push_chunk` (0: none were)."""
+        self.spans: list[PhonemeSpan] = []
+        """Phonemes on the segment's clock."""
+        self.timeline: VisemeTimeline | None = None
         self.chunks: collections.deque[I16] = collections.deque()
         self.offset = 0
         """Samples of ``chunks[0]`` already taken."""
@@ -86,6 +116,34 @@ class SegmentQueue:
         if len(pcm):
             tail.chunks.append(np.array(pcm, np.int16, copy=True).reshape(-1))
             tail.available += len(pcm)
+            tail.pushed += len(pcm)
+
+    def push_chunk(self, chunk: AudioChunk, segment_id: int) -> None:
+        """:meth:`push` a chunk's samples, and its phonemes on the segment's clock."""
+        self.push(chunk.pcm, segment_id)
+        if not chunk.phonemes:
+            return
+        tail = self._segments[-1]
+        tail.rate = chunk.sample_rate
+        at = (tail.pushed - len(chunk.pcm)) / chunk.sample_rate
+        shifted = [PhonemeSpan(s.phoneme, s.start + at, s.end + at) for s in chunk.phonemes]
+        tail.spans.extend(shifted)
+        if tail.timeline is None:
+            tail.timeline = VisemeTimeline()
+        tail.timeline.add(shifted, 0.0)
+
+    def phonemes_from(self, segment_id: int, index: int) -> tuple[PhonemeSpan, ...]:
+        """The phonemes of ``segment_id`` from the start of its piece ``index`` on, on a clock
+        that starts there (for speech handed on from that piece, as a catch-up does)."""
+        for segment in self._segments:
+            if segment.segment_id == segment_id and segment.rate:
+                t0 = index * self.frame_samples / segment.rate
+                return tuple(
+                    PhonemeSpan(s.phoneme, max(0.0, s.start - t0), s.end - t0)
+                    for s in segment.spans
+                    if s.end > t0
+                )
+        return ()
 
     def end(self, segment_id: int) -> None:
         """No more audio for ``segment_id``: its last partial piece is padded and released."""
@@ -100,7 +158,8 @@ class SegmentQueue:
             head = self._segments[0]
             if head.available >= n or (head.ended and head.available > 0):
                 index = head.taken
-                return Piece(head.segment_id, index, head.take(n))
+                t = (index + 0.5) * n / head.rate if head.rate else 0.0
+                return Piece(head.segment_id, index, head.take(n), head.timeline, t)
             if not head.ended:
                 return None
             self._segments.popleft()

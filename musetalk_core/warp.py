@@ -544,7 +544,7 @@ class WarpEngine:
             raise ValueError(f"audio must be mono int16, got {pcm.dtype} shape {pcm.shape}")
         if segment_id < 0:
             raise ValueError("segment_id must be >= 0; -1 marks idle frames")
-        self._queue.push(pcm, segment_id)
+        self._queue.push_chunk(AudioChunk(pcm, chunk.sample_rate, chunk.phonemes), segment_id)
 
     async def end_segment(self, segment_id: int) -> None:
         """No more audio for ``segment_id``: its last partial frame is padded with silence."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from musetalk_core.types import AudioChunk
+from musetalk_core.types import AudioChunk, PhonemeSpan
 from rtc_server.media.resample import resample_int16
 from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.providers.base import TTS
@@ -133,10 +133,7 @@ class SpeechOutput:
                         if first:
                             # TTS voices lead with up to a few hundred ms of silence: time
                             # the caller would spend waiting for the answer to begin.
-                            chunk = AudioChunk(
-                                trim_leading_silence(chunk.pcm, chunk.sample_rate),
-                                chunk.sample_rate,
-                            )
+                            chunk = _trimmed(chunk)
                             first = False
                         if on_tts_audio is not None:
                             on_tts_audio()
@@ -144,7 +141,9 @@ class SpeechOutput:
                         pcm = await loop.run_in_executor(
                             self._executor, resample_int16, chunk.pcm, chunk.sample_rate, rate
                         )
-                        await self.output.push_audio(AudioChunk(pcm, rate), seg.segment_id)
+                        await self.output.push_audio(
+                            AudioChunk(pcm, rate, chunk.phonemes), seg.segment_id
+                        )
                         seg.samples += len(pcm)
                         if utterance.first_push_at is None:
                             utterance.first_push_at = self._clock()
@@ -162,6 +161,18 @@ class SpeechOutput:
         """Stop counting for ``utterance``; frames of its still in flight count as stale."""
         for seg in utterance.segments:
             self._segments.pop(seg.segment_id, None)
+
+
+def _trimmed(chunk: AudioChunk) -> AudioChunk:
+    """``chunk`` without its leading silence; its phonemes move with the sound."""
+    pcm = trim_leading_silence(chunk.pcm, chunk.sample_rate)
+    cut = (len(chunk.pcm) - len(pcm)) / chunk.sample_rate
+    phonemes = tuple(
+        PhonemeSpan(s.phoneme, max(0.0, s.start - cut), s.end - cut)
+        for s in chunk.phonemes
+        if s.end > cut
+    )
+    return AudioChunk(pcm, chunk.sample_rate, phonemes)
 
 
 def trim_leading_silence(

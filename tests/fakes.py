@@ -23,6 +23,7 @@ class CountingEngine:
         self.closed = False
         self.fail_after: int | None = None
         self.pushed_segments: list[int] = []
+        self.pushed: list[AudioChunk] = []
 
     @property
     def fps(self) -> int:
@@ -43,6 +44,7 @@ class CountingEngine:
     async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
         self._queue.push(chunk.pcm, segment_id)
         self.pushed_segments.append(segment_id)
+        self.pushed.append(chunk)
 
     async def end_segment(self, segment_id: int) -> None:
         self._queue.end(segment_id)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from musetalk_core.segments import SegmentQueue
-from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
+from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine, PhonemeSpan
 from rtc_server.aiortc_compat import audio_level_dbov
 from rtc_server.media.clock import ManualClock, MonotonicClock
 from rtc_server.media.opus import ReplyOpusEncoder
@@ -42,6 +42,7 @@ class GatedEngine:
         self.queue = SegmentQueue(N)
         self.gate = asyncio.Semaphore(0)
         self.closed = False
+        self.pushed: list[AudioChunk] = []
 
     fps = 25
     sample_rate = 48_000
@@ -49,6 +50,7 @@ class GatedEngine:
     latency = 0.04
 
     async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
+        self.pushed.append(chunk)
         self.queue.push(chunk.pcm, segment_id)
 
     async def end_segment(self, segment_id: int) -> None:
@@ -205,7 +207,9 @@ async def test_a_late_engine_is_held_then_moved_ahead_into_sync() -> None:
     scheduler = AVScheduler(engine, clock)
     scheduler.start()
     speech = _speech(14)
-    await scheduler.push_audio(AudioChunk(speech, 48_000), 0)
+    # One phoneme per piece, named by its index, so the catch-up's hand-over can be read.
+    phonemes = tuple(PhonemeSpan(chr(97 + j), 0.04 * j, 0.04 * (j + 1)) for j in range(14))
+    await scheduler.push_audio(AudioChunk(speech, 48_000, phonemes), 0)
     await scheduler.end_segment(0)
     await _settle()
     shown: list[tuple[int, int] | None] = []
@@ -234,6 +238,14 @@ async def test_a_late_engine_is_held_then_moved_ahead_into_sync() -> None:
     assert shown[7:] == [(0, k - 1) for k in range(8, 14)]
     assert scheduler.stats.resyncs == 1 and scheduler.stats.stale_frames == 1
     assert scheduler.stats.held_units == 5
+    # The engine got the speech again from piece 7 on, with its phonemes on a clock that
+    # starts there: the mouth of piece 7 is shaped by piece 7's phoneme.
+    assert engine.pushed[0].phonemes == phonemes
+    handed_on = engine.pushed[-1]
+    assert len(handed_on.pcm) == 7 * N
+    assert [s.phoneme for s in handed_on.phonemes] == [chr(97 + j) for j in range(7, 14)]
+    assert handed_on.phonemes[0].start == 0.0
+    assert abs(handed_on.phonemes[0].end - 0.04) < 1e-9
     await scheduler.aclose()
 
 

@@ -85,3 +85,47 @@ def test_peek_names_the_next_piece_without_taking_it_and_taken_counts_per_segmen
     q.push(np.arange(8, dtype=np.int16), 2)
     q.clear()
     assert q.peek() is None and q.taken(2) is None
+
+
+def test_phonemes_build_the_segment_timeline_across_chunks() -> None:
+    from musetalk_core import visemes as vm
+    from musetalk_core.types import AudioChunk, PhonemeSpan
+
+    rate = 1000
+    queue = SegmentQueue(40)  # 40 ms pieces
+    first = AudioChunk(np.ones(100, np.int16), rate, (PhonemeSpan("a", 0.0, 0.1),))
+    second = AudioChunk(
+        np.ones(100, np.int16), rate, (PhonemeSpan("m", 0.0, 0.05), PhonemeSpan("u", 0.05, 0.1))
+    )
+    queue.push_chunk(first, 3)
+    queue.push_chunk(second, 3)
+    queue.push(np.ones(40, np.int16), 4)  # speech without phonemes
+    queue.end(4)
+    pieces = []
+    while (piece := queue.next_piece()) is not None:
+        pieces.append(piece)
+    seg3 = [p for p in pieces if p.segment_id == 3]
+    assert [p.time for p in seg3] == [0.02, 0.06, 0.1, 0.14, 0.18]
+    timeline = seg3[0].timeline
+    assert timeline is not None and all(p.timeline is timeline for p in seg3)
+    # The second chunk's phonemes sit after the first chunk on the segment's clock.
+    assert int(np.argmax(timeline.weights(0.05))) == vm.VISEMES.index("aa")
+    assert int(np.argmax(timeline.weights(0.125))) == vm.VISEMES.index("PP")
+    assert int(np.argmax(timeline.weights(0.18))) == vm.VISEMES.index("ou")
+    (seg4,) = [p for p in pieces if p.segment_id == 4]
+    assert seg4.timeline is None
+
+
+def test_phonemes_from_a_piece_start_on_its_own_clock() -> None:
+    from musetalk_core.types import AudioChunk, PhonemeSpan
+
+    queue = SegmentQueue(40)
+    spans = tuple(PhonemeSpan(c, 0.05 * i, 0.05 * (i + 1)) for i, c in enumerate("abcd"))
+    queue.push_chunk(AudioChunk(np.ones(200, np.int16), 1000, spans), 0)
+    queue.next_piece()  # piece 0 taken
+    # From piece 2 (80 ms) on: "b" is cut at its start, "c" and "d" move back by 80 ms.
+    got = queue.phonemes_from(0, 2)
+    assert [s.phoneme for s in got] == ["b", "c", "d"]
+    assert got[0].start == 0.0 and abs(got[0].end - 0.02) < 1e-9
+    assert abs(got[1].start - 0.02) < 1e-9 and abs(got[2].end - 0.12) < 1e-9
+    assert queue.phonemes_from(7, 0) == ()

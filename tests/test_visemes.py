@@ -158,3 +158,37 @@ def test_arkit_weights_follow_the_visemes() -> None:
     m, a = timeline.arkit([0.05, 0.25])
     assert m[shape["mouthClose"]] > 0.3 and a[shape["jawOpen"]] > 0.4
     assert a[shape["jawOpen"]] > m[shape["jawOpen"]]
+
+
+async def test_phonemes_reach_the_engine_with_the_speech(tts: PiperTTS) -> None:
+    """Through the speech output and the scheduler: trimmed of the voice's leading silence and
+    resampled to the call's rate, each chunk still has its phonemes, covering it end to end."""
+    from rtc_server.media.clock import ManualClock
+    from rtc_server.media.scheduler import AVScheduler
+    from rtc_server.speech import SpeechOutput, Utterance
+    from tests.fakes import CountingEngine
+
+    engine = CountingEngine()
+    scheduler = AVScheduler(engine, ManualClock())
+    speech = SpeechOutput(scheduler)
+
+    async def sentences():  # type: ignore[no-untyped-def]
+        yield "Hi there."
+        yield "My mother bought a big blue map."
+
+    await speech.speak(tts, sentences(), Utterance())
+    assert len(engine.pushed) == 2
+    raw = [c async for c in tts.synthesize("Hi there.")]
+    raw += [c async for c in tts.synthesize("My mother bought a big blue map.")]
+    for got, before in zip(engine.pushed, raw, strict=True):
+        assert got.sample_rate == 48_000 and got.phonemes
+        assert got.phonemes[0].start == 0.0
+        assert abs(got.phonemes[-1].end - got.duration) < 2 / got.sample_rate
+        # The leading silence went, and the phonemes moved with the sound.
+        cut = before.duration - got.duration
+        assert cut > 0
+        kept = [s for s in before.phonemes if s.end > cut]
+        assert [s.phoneme for s in got.phonemes] == [s.phoneme for s in kept]
+        # (the cut is read off durations resampled to 48 kHz: within a sample of the voice)
+        assert abs(got.phonemes[1].start - (kept[1].start - cut)) < 1 / before.sample_rate
+    await scheduler.aclose()

@@ -82,7 +82,7 @@ class ResilientEngine:
                 self.on_failure(exc)
 
     async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
-        self._speech.push(chunk.pcm, segment_id)
+        self._speech.push_chunk(chunk, segment_id)
         if self.failed is None:
             try:
                 await self.engine.push_audio(chunk, segment_id)
@@ -169,9 +169,11 @@ class ResilientEngine:
             await failed.aclose()
         except Exception:
             logger.exception("the failed lip-sync engine failed to close")
-        for segment_id, _, pcm, ended in self._speech.remaining():
+        for segment_id, taken, pcm, ended in self._speech.remaining():
             if len(pcm):
-                await replacement.push_audio(AudioChunk(pcm, self.sample_rate), segment_id)
+                phonemes = self._speech.phonemes_from(segment_id, taken)
+                chunk = AudioChunk(pcm, self.sample_rate, phonemes)
+                await replacement.push_audio(chunk, segment_id)
             if ended:
                 await replacement.end_segment(segment_id)
         if self.on_failure is not None:

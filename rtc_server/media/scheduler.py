@@ -143,7 +143,7 @@ class AVScheduler:
             raise ValueError(f"audio at {chunk.sample_rate} Hz; the call plays {self.sample_rate}")
         if segment_id < self._live_from:
             return  # cleared while it was being synthesized
-        self._speech.push(chunk.pcm, segment_id)
+        self._speech.push_chunk(chunk, segment_id)
         self._top_segment = max(self._top_segment, segment_id)
         self._place()
         await self.engine.push_audio(chunk, segment_id)
@@ -266,7 +266,9 @@ class AVScheduler:
             self._rendered[segment_id] = taken + cut
             rest = pcm[cut * self.samples_per_unit :]
             if len(rest):
-                await self.engine.push_audio(AudioChunk(rest, self.sample_rate), segment_id)
+                phonemes = self._speech.phonemes_from(segment_id, taken + cut)
+                chunk = AudioChunk(rest, self.sample_rate, phonemes)
+                await self.engine.push_audio(chunk, segment_id)
             if ended:
                 await self.engine.end_segment(segment_id)
 
