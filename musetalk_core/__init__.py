@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .types import AudioChunk, AvatarFrame, LipSyncEngine
 
 if TYPE_CHECKING:
-    from .warp import WarpEngine, WarpRenderer, mouth_shape
+    from .warp import WarpRenderer, mouth_shape
     from .warp_avatar import (
         AvatarError,
         NoFaceError,
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         load_portrait,
         prepare_avatar,
     )
+    from .warp_engine import WarpEngine
 
 __all__ = [
     "AudioChunk",
@@ -45,7 +46,7 @@ _LAZY = {
     "builtin_portrait": ".warp_avatar",
     "load_portrait": ".warp_avatar",
     "prepare_avatar": ".warp_avatar",
-    "WarpEngine": ".warp",
+    "WarpEngine": ".warp_engine",
     "WarpRenderer": ".warp",
     "mouth_shape": ".warp",
 }

@@ -53,8 +53,8 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
             lambda: SyncTestEngine(fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
         )
     from musetalk_core.i420 import i420_fits
-    from musetalk_core.warp import WarpEngine
     from musetalk_core.warp_avatar import builtin_portrait, load_portrait, prepare_avatar
+    from musetalk_core.warp_engine import WarpEngine
 
     image = (
         builtin_portrait() if config.engine.avatar is None else load_portrait(config.engine.avatar)

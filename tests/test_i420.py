@@ -11,8 +11,9 @@ import pytest
 from musetalk_core.boxes import Box
 from musetalk_core.i420 import I420Canvas, i420_fits, i420_planes, rgb_to_i420
 from musetalk_core.types import AudioChunk
-from musetalk_core.warp import WarpEngine, WarpRenderer
+from musetalk_core.warp import WarpRenderer
 from musetalk_core.warp_avatar import WarpAvatar, builtin_portrait, prepare_avatar
+from musetalk_core.warp_engine import WarpEngine
 from rtc_server.media.h264 import TunedH264Encoder
 
 SR = 48000

@@ -11,7 +11,7 @@ import aiohttp
 from aiortc import RTCPeerConnection
 
 from benchmarks.client import CallClient
-from musetalk_core.warp import WarpEngine
+from musetalk_core.warp_engine import WarpEngine
 from rtc_server.session import AvatarSession
 from tests.conftest import LiveServer
 from tests.waiting import holds_within, wait_until

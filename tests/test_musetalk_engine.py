@@ -442,8 +442,8 @@ async def test_out_of_memory_mid_utterance_hands_the_call_to_warp(
 ) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from musetalk_core.warp import WarpEngine
     from musetalk_core.warp_avatar import prepare_avatar
+    from musetalk_core.warp_engine import WarpEngine
     from rtc_server.media.resilient_engine import ResilientEngine
 
     failing = dataclasses.replace(models, unet=RunsOutOfMemory(models.unet, after=1))

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
-from musetalk_core.warp import BLINK_INTERVAL, BLINK_SECONDS, WarpEngine, WarpRenderer, mouth_shape
+from musetalk_core.warp import BLINK_INTERVAL, BLINK_SECONDS, WarpRenderer, mouth_shape
 from musetalk_core.warp_avatar import WarpAvatar, builtin_portrait, prepare_avatar
+from musetalk_core.warp_engine import WarpEngine
 
 SR = 48000
 FPS = 25

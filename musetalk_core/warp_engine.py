@@ -1,0 +1,195 @@
+"""The ``warp`` engine: a :class:`~musetalk_core.types.LipSyncEngine` over the CPU renderer.
+
+It slices queued speech into frames (:class:`~musetalk_core.segments.SegmentQueue`), renders
+each with :class:`~musetalk_core.warp.WarpRenderer` in a private worker thread and yields
+(image, audio) pairs. Frame k always shows the sound of its own audio slice k: there is no
+smoothing across frames, so the mouth cannot lag the voice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+import weakref
+from collections.abc import AsyncGenerator
+
+import numpy as np
+import numpy.typing as npt
+
+from .i420 import i420_fits
+from .segments import SegmentQueue
+from .types import AudioChunk, AvatarFrame, EngineError
+from .warp import PIXEL_FORMATS, WarpRenderer, mouth_shape
+from .warp_avatar import WarpAvatar
+
+__all__ = ["WarpEngine"]
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+
+
+class WarpEngine:
+    """CPU :class:`~musetalk_core.types.LipSyncEngine` for a prepared :class:`WarpAvatar`.
+
+    Frames are rendered on demand in a private single-thread executor, one per pull of
+    :meth:`frames`; pacing is the consumer's job. One consumer of :meth:`frames` at a time.
+    Audio of a new ``segment_id`` implicitly ends the previous segment (its last partial frame
+    is padded), since frames never mix two utterances.
+    """
+
+    def __init__(
+        self,
+        avatar: WarpAvatar,
+        *,
+        fps: int = 25,
+        sample_rate: int = 48000,
+        seed: int = 0,
+        sway_px: float = 0.0,
+        pixel_format: str = "rgb24",
+    ) -> None:
+        """``pixel_format``: one of :data:`PIXEL_FORMATS`; ``yuv420p`` for an H.264 sender."""
+        if pixel_format not in PIXEL_FORMATS:
+            raise ValueError(f"pixel_format is one of {PIXEL_FORMATS}, not {pixel_format!r}")
+        if pixel_format == "yuv420p" and not i420_fits(avatar.frame_size):
+            raise ValueError(
+                f"yuv420p needs an even width and a height that is a multiple of 4, "
+                f"not {avatar.frame_size}"
+            )
+        if fps <= 0 or sample_rate <= 0 or sample_rate % fps:
+            raise ValueError(
+                f"sample_rate ({sample_rate}) must be a positive multiple of fps ({fps})"
+            )
+        self._fps = fps
+        self._sample_rate = sample_rate
+        self._samples_per_frame = sample_rate // fps
+        self._renderer = WarpRenderer(avatar, seed=seed, sway_px=sway_px)
+        self._i420 = pixel_format == "yuv420p"
+        # Made here, before the loop and the render thread share the renderer.
+        self._still = self._renderer.still_i420 if self._i420 else self._renderer.still
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="warp-render"
+        )
+        # An engine dropped without aclose() must not leave its idle worker thread behind.
+        weakref.finalize(self, self._executor.shutdown, wait=False)
+        self._queue = SegmentQueue(self._samples_per_frame)
+        self._generation = 0
+        self._index = 0
+        self._render_s = 0.005  # first guess until frames are timed: a few ms on one core
+        self._closed = False
+
+    @property
+    def fps(self) -> int:
+        return self._fps
+
+    @property
+    def sample_rate(self) -> int:
+        return self._sample_rate
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return self._renderer.frame_size
+
+    @property
+    def latency(self) -> float:
+        """From speech pushed to its first frame rendered: the running render-time estimate,
+        plus 5 ms for the event loop to hand it over. (The avatar at rest is not rendered at
+        all, so there is rarely an idle render under way to wait for; and the audio of a slice
+        is whole by then: the scheduler plays a slice only once all its samples are in.)"""
+        return self._render_s + 0.005
+
+    @property
+    def queued_seconds(self) -> float:
+        """Speech audio waiting to be framed."""
+        return self._queue.queued_samples / self._sample_rate
+
+    async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
+        """Queue mono int16 speech at exactly :attr:`sample_rate` for utterance ``segment_id``."""
+        if self._closed:
+            raise EngineError("WarpEngine is closed")
+        if chunk.sample_rate != self._sample_rate:
+            raise ValueError(
+                f"audio at {chunk.sample_rate} Hz; this engine takes {self._sample_rate} Hz"
+            )
+        pcm = np.asarray(chunk.pcm)
+        if pcm.dtype != np.int16 or pcm.ndim != 1:
+            raise ValueError(f"audio must be mono int16, got {pcm.dtype} shape {pcm.shape}")
+        if segment_id < 0:
+            raise ValueError("segment_id must be >= 0; -1 marks idle frames")
+        self._queue.push_chunk(AudioChunk(pcm, chunk.sample_rate, chunk.phonemes), segment_id)
+
+    async def end_segment(self, segment_id: int) -> None:
+        """No more audio for ``segment_id``: its last partial frame is padded with silence."""
+        self._queue.end(segment_id)
+
+    def clear(self) -> None:
+        """Drop all queued audio; the next frame yielded is idle."""
+        self._queue.clear()
+        self._generation += 1
+
+    def _next_audio(self) -> tuple[int, npt.NDArray[np.int16]] | None:
+        """The next speaking frame's (segment_id, samples), or None for an idle frame.
+
+        Never waits for audio that may not come: a partial frame waits, the video goes on with
+        an idle frame.
+        """
+        piece = self._queue.next_piece()
+        return None if piece is None else (piece.segment_id, piece.pcm)
+
+    def _render(self, pcm: npt.NDArray[np.int16] | None, t: float) -> tuple[U8, float]:
+        start = time.perf_counter()
+        if pcm is None:
+            openness, roundness = 0.0, 0.0
+        else:
+            openness, roundness = mouth_shape(pcm, self._sample_rate)
+        render = self._renderer.render_i420 if self._i420 else self._renderer.render
+        image = render(openness, roundness, t)
+        return image, time.perf_counter() - start
+
+    async def frames(self) -> AsyncGenerator[AvatarFrame, None]:
+        """Yield (image, 1/fps of audio) pairs forever; idle frames when nothing is queued."""
+        loop = asyncio.get_running_loop()
+        silence = np.zeros(self._samples_per_frame, np.int16)
+        while not self._closed:
+            generation = self._generation
+            audio = self._next_audio()
+            t = self._index / self._fps
+            if audio is None and self._renderer.is_still(0.0, t):
+                # At rest: the shared still picture, no render and no thread round trip.
+                image = self._still
+                await asyncio.sleep(0)
+            else:
+                try:
+                    image, elapsed = await loop.run_in_executor(
+                        self._executor, self._render, None if audio is None else audio[1], t
+                    )
+                except RuntimeError:
+                    return  # the executor was shut down by aclose()
+                self._render_s = 0.9 * self._render_s + 0.1 * elapsed
+            if self._closed:
+                return
+            if audio is not None and generation != self._generation:
+                continue  # clear() came during the render: this speech was dropped with it
+            self._index += 1
+            if audio is None:
+                yield AvatarFrame(
+                    image=image,
+                    audio=AudioChunk(silence.copy(), self._sample_rate),
+                    speaking=False,
+                    segment_id=-1,
+                )
+            else:
+                yield AvatarFrame(
+                    image=image,
+                    audio=AudioChunk(audio[1], self._sample_rate),
+                    speaking=True,
+                    segment_id=audio[0],
+                )
+
+    async def aclose(self) -> None:
+        """Stop rendering; :meth:`frames` ends at its next step."""
+        self._closed = True
+        self._queue.clear()
+        # No cancel_futures: a cancelled render would surface in frames() as CancelledError,
+        # which its consumer would take for its own cancellation. One render is a few ms.
+        self._executor.shutdown(wait=False)
