@@ -48,7 +48,7 @@ async def render_clip(
     try:
         async for chunk in tts.synthesize(text):
             pcm = resample_int16(chunk.pcm, chunk.sample_rate, engine.sample_rate)
-            await engine.push_audio(AudioChunk(pcm, engine.sample_rate), 0)
+            await engine.push_audio(AudioChunk(pcm, engine.sample_rate, chunk.phonemes), 0)
         await engine.end_segment(0)
         images: list[np.ndarray] = []
         audio: list[np.ndarray] = []

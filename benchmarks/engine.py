@@ -19,7 +19,9 @@ async def _measure(frames: int) -> dict[str, Any]:
     engine = factory.create()
     speech = []
     async for chunk in tts.synthesize(PARAGRAPH):
-        speech.append(resample_int16(chunk.pcm, chunk.sample_rate, engine.sample_rate))
+        pcm = resample_int16(chunk.pcm, chunk.sample_rate, engine.sample_rate)
+        # With its phonemes, as a call's speech reaches the engine.
+        speech.append(AudioChunk(pcm, engine.sample_rate, chunk.phonemes))
     samples: dict[str, list[float]] = {"speaking": [], "idle": []}
     cpu: dict[str, float] = {"speaking": 0.0, "idle": 0.0}
     first_frame_ms = 0.0
@@ -27,8 +29,8 @@ async def _measure(frames: int) -> dict[str, Any]:
         stream = engine.frames()
         while len(samples["speaking"]) < frames or len(samples["idle"]) < frames:
             if len(samples["speaking"]) < frames and engine.queued_seconds < 0.2:  # type: ignore[attr-defined]
-                for pcm in speech:
-                    await engine.push_audio(AudioChunk(pcm, engine.sample_rate), 0)
+                for chunk in speech:
+                    await engine.push_audio(chunk, 0)
             pushed = time.perf_counter()
             c0 = time.process_time()
             frame = await anext(stream)

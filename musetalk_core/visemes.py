@@ -61,6 +61,8 @@ SPREAD_S = 0.012
 """How fast a phoneme's pull falls off after its span (exponential time constant)."""
 DECAY_S = 0.12
 """Past the last phoneme the mouth relaxes to rest over this long."""
+_REACH_S = 0.4
+"""Phonemes farther than this from an instant are left out of its mix (their pull < 1e-7)."""
 _CONTACT = 0.3
 """Share of ``PP`` (or ``FF``) in the mix from which the lips start to seal (or tuck)."""
 # The three constants were set on four sentences of the bundled voice ("My mother bought a big
@@ -265,6 +267,7 @@ class VisemeTimeline:
         self._ends: list[float] = []
         self._visemes: list[int] = []
         self._end: float | None = None
+        self._cache: tuple[F64, F64, F64, npt.NDArray[np.int64]] | None = None
 
     def __len__(self) -> int:
         return len(self._visemes)
@@ -291,24 +294,31 @@ class VisemeTimeline:
         times = np.atleast_1d(np.asarray(t, np.float64))
         out = np.zeros((len(times), len(VISEMES)), np.float64)
         if self._visemes:
-            starts = np.asarray(self._starts)
-            ends = np.asarray(self._ends)
-            dom = np.array([_DOMINANCE[VISEMES[v]] for v in self._visemes])
+            all_starts, all_ends, all_dom, all_v = self._arrays()
+            # Only the phonemes near the instants asked for: beyond _REACH_S a pull is < 1e-7.
+            lo = int(np.searchsorted(all_ends, times.min() - _REACH_S))
+            hi = int(np.searchsorted(all_starts, times.max() + _REACH_S, side="right"))
+            lo, hi = min(lo, len(all_v) - 1), max(hi, lo + 1)
+            starts, ends, dom, visemes = (
+                all_starts[lo:hi],
+                all_ends[lo:hi],
+                all_dom[lo:hi],
+                all_v[lo:hi],
+            )
             before = np.clip(starts[None, :] - times[:, None], 0.0, None)
             after = np.clip(times[:, None] - ends[None, :], 0.0, None)
             # A shape pulls long before its sound (anticipation), briefly after it.
             pull = dom[None, :] * np.exp(-before / ANTICIPATION_S - after / SPREAD_S)
             # Nothing pulls once the speech has ended; rest takes over as it decays.
             end = self.end
-            live = np.asarray(self._starts)[None, :] < end
-            pull = np.where(live, pull, 0.0)
-            onehot = np.zeros((len(self._visemes), len(VISEMES)))
-            onehot[np.arange(len(self._visemes)), self._visemes] = 1.0
+            pull = np.where(starts[None, :] < end, pull, 0.0)
+            onehot = np.zeros((len(visemes), len(VISEMES)))
+            onehot[np.arange(len(visemes)), visemes] = 1.0
             mix = pull @ onehot
             total = pull.sum(axis=1, keepdims=True)
             mix = np.divide(mix, total, out=np.zeros_like(mix), where=total > 0)
             # The speech fades in before the first shape and out after the end.
-            first = float(starts.min())
+            first = float(all_starts[0])
             fade_in = np.clip((times - (first - DECAY_S)) / DECAY_S, 0.0, 1.0)
             fade_out = np.clip(1.0 - (times - end) / DECAY_S, 0.0, 1.0)
             amount = np.minimum(fade_in, fade_out)[:, None]
@@ -316,6 +326,15 @@ class VisemeTimeline:
         out[:, SIL] = np.clip(out[:, SIL] + 1.0 - out.sum(axis=1), 0.0, 1.0)
         result = out.astype(np.float32)
         return result[0] if np.ndim(t) == 0 else result
+
+    def _arrays(self) -> tuple[F64, F64, F64, npt.NDArray[np.int64]]:
+        if self._cache is None or len(self._cache[3]) != len(self._visemes):
+            visemes = np.asarray(self._visemes, np.int64)
+            dom = np.array([_DOMINANCE[VISEMES[v]] for v in self._visemes], np.float64)
+            # Spans come in time order; ends kept non-decreasing for the window search.
+            ends = np.maximum.accumulate(np.asarray(self._ends, np.float64))
+            self._cache = (np.asarray(self._starts, np.float64), ends, dom, visemes)
+        return self._cache
 
     def arkit(self, t: float | Sequence[float] | F64) -> F32:
         """ARKit blend-shape weights (:data:`BLEND_SHAPES`) at ``t``."""

@@ -114,6 +114,10 @@ def _window(n: int) -> F32:
     return w
 
 
+_SEAL_LEVELS = 16
+"""Steps of :meth:`WarpRenderer.render`'s ``closed``: each step's sealed mouth is made once."""
+
+
 @dataclass(frozen=True)
 class _MouthFields:
     """Warp fields and cavity shading for one roundness level, in mouth-crop coordinates."""
@@ -177,6 +181,7 @@ class WarpRenderer:
         self._still.flags.writeable = False
         self._blinks = _Blinks(np.random.default_rng(seed))
         self._fields: dict[int, _MouthFields] = {}
+        self._seals: dict[int, U8] = {}
         self._canvas: I420Canvas | None = None
         """The base picture in I420, made on the first I420 render."""
 
@@ -221,21 +226,28 @@ class WarpRenderer:
         """The avatar at rest (mouth shut, eyes open): one shared, read-only array."""
         return self._still
 
-    def is_still(self, openness: float, t: float) -> bool:
-        """Does :meth:`render` at (``openness``, ``t``) give :attr:`still`?"""
-        return openness < 1.0 / 256 and self.sway_px <= 0.0 and self._blinks.amount(t) <= 0.0
+    def is_still(self, openness: float, t: float, *, closed: float = 0.0) -> bool:
+        """Does :meth:`render` at (``openness``, ``t``, ``closed``) give :attr:`still`?"""
+        return (
+            openness < 1.0 / 256
+            and closed < 1.0 / 256
+            and self.sway_px <= 0.0
+            and self._blinks.amount(t) <= 0.0
+        )
 
     @property
     def still_i420(self) -> U8:
         """:attr:`still` in I420: one shared, read-only array."""
         return self._i420().base
 
-    def render_i420(self, openness: float, roundness: float, t: float) -> U8:
+    def render_i420(
+        self, openness: float, roundness: float, t: float, *, closed: float = 0.0
+    ) -> U8:
         """:meth:`render` in I420 (musetalk_core.i420), converting only the mouth and eye crops
         the render can change; the avatar at rest is always the same :attr:`still_i420`."""
-        if self.is_still(openness, t):
+        if self.is_still(openness, t, closed=closed):
             return self.still_i420
-        rgb = self.render(openness, roundness, t)
+        rgb = self.render(openness, roundness, t, closed=closed)
         changed = None if self.sway_px > 0.0 else self._changed
         return self._i420().convert(rgb, changed)
 
@@ -244,21 +256,32 @@ class WarpRenderer:
             self._canvas = I420Canvas(self._base)
         return self._canvas
 
-    def render(self, openness: float, roundness: float, t: float) -> U8:
+    def render(self, openness: float, roundness: float, t: float, *, closed: float = 0.0) -> U8:
         """A uint8 RGB frame with the mouth at (openness, roundness) at time ``t`` seconds.
+
+        ``closed`` (0..1) seals lips that the picture shows apart (a smile with teeth): the
+        lower lip rises over the teeth to meet the upper one, the jaw with it, as for "m", "b"
+        and "p". A picture with closed lips is sealed already.
 
         A new array, except for the avatar at rest, which is always the same :attr:`still`
         (read-only): consumers can tell an unchanged picture by identity.
         """
-        if self.is_still(openness, t):
+        if self.is_still(openness, t, closed=closed):
             return self._still
         out = self._base.copy()
         o = min(1.0, max(0.0, float(openness)))
+        c = min(1.0, max(0.0, float(closed)))
         level = round(min(1.0, max(0.0, float(roundness))) * _ROUND_LEVELS)
+        step = round(c * _SEAL_LEVELS)
+        src = self._mouth_src if step == 0 else self._sealed(step)
         # Below 1/256 the jaw moves by < 0.05 px: skip the work and keep the pixels exact. All
         # mouth motion, rounding included, scales with openness, so a shut mouth is the picture.
         if o >= 1.0 / 256:
-            self._draw_mouth(out, o, level)
+            self._draw_mouth(out, o, level, src)
+        elif src is not self._mouth_src:
+            region = out[self._mouth_at]
+            bg = region.astype(np.float32)
+            region[...] = (bg + self._mouth_mask3 * (src - bg) + 0.5).astype(np.uint8)
         blink = self._blinks.amount(t)
         if blink > 0.0:
             self._draw_lids(out, blink)
@@ -315,7 +338,40 @@ class WarpRenderer:
         self._fields[level] = fields
         return fields
 
-    def _draw_mouth(self, out: U8, openness: float, level: int) -> None:
+    def _sealed(self, step: int) -> U8:
+        """The picture's mouth crop with its lips brought together by ``step / _SEAL_LEVELS``
+        of their gap (made once per step)."""
+        cached = self._seals.get(step)
+        if cached is not None:
+            return cached
+        c = step / _SEAL_LEVELS
+        a = self.avatar
+        lift = c * a.mouth_gap  # per column
+        dy = self._rows - a.mouth_seam[None, :]
+        # The rows the rising lower lip now covers (anti-aliased edge), then the lip and the
+        # jaw below it, following the jaw's own profile.
+        covered = np.clip(dy + lift[None, :] + 0.5, 0.0, 1.0) * (dy <= 0)
+        follow = np.where(dy > 0, np.maximum(a.mouth_lower, (dy <= 1.0)), covered)
+        map_y = (a.mouth_grid_y + lift[None, :] * follow).astype(np.float32)
+        sealed = np.asarray(
+            cv2.remap(
+                self._mouth_src,
+                a.mouth_grid_x,
+                map_y,
+                cv2.INTER_LINEAR,
+                borderMode=cv2.BORDER_REPLICATE,
+            ),
+            np.float32,
+        )
+        # Pressed lips: a faint shadow where they meet.
+        meet = a.mouth_seam[None, :] - lift[None, :]
+        line = np.exp(-(((self._rows - meet) / 0.8) ** 2)) * (c * (a.mouth_gap > 0.5))[None, :]
+        sealed *= (1.0 - 0.25 * line)[:, :, None]
+        out = np.asarray(np.clip(sealed + 0.5, 0, 255), np.uint8)
+        self._seals[step] = out
+        return out
+
+    def _draw_mouth(self, out: U8, openness: float, level: int, src: U8) -> None:
         a = self.avatar
         f = self._mouth_fields(level)
         o = openness
@@ -331,9 +387,7 @@ class WarpRenderer:
             np.multiply(f.squeeze, o, out=map_x)
             map_x += a.mouth_grid_x
         warped = np.asarray(
-            cv2.remap(
-                self._mouth_src, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
-            ),
+            cv2.remap(src, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE),
             np.float32,
         )
         cols = f.cols

@@ -51,7 +51,7 @@ U8 = npt.NDArray[np.uint8]
 MAX_SIDE = 720
 """Longest side of a prepared portrait: larger pictures cost encode time and bandwidth only."""
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 """Bump whenever the meaning of a cached array changes, so stale caches are ignored."""
 
 _MIN_FACE_FRACTION = 1 / 12
@@ -91,6 +91,9 @@ class WarpAvatar:
     mouth_seam: F32
     """Per column: crop row of the line where the lips part. It follows the picture's own lip
     line (a smile curves up to the corners), flat beyond the corners."""
+    mouth_gap: F32
+    """Per column: pixels between the picture's inner lip contours (0 where the lips meet);
+    the lower lip rises by this much to seal the lips."""
     mouth_lower: F32
     """(h, w): how much of the jaw drop each pixel follows (0 above the seam)."""
     mouth_upper: F32

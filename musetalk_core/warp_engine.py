@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import time
 import weakref
 from collections.abc import AsyncGenerator
@@ -18,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .i420 import i420_fits
-from .segments import SegmentQueue
+from .segments import Piece, SegmentQueue
 from .types import AudioChunk, AvatarFrame, EngineError
 from .warp import PIXEL_FORMATS, WarpRenderer, mouth_shape
 from .warp_avatar import WarpAvatar
@@ -127,23 +128,24 @@ class WarpEngine:
         self._queue.clear()
         self._generation += 1
 
-    def _next_audio(self) -> tuple[int, npt.NDArray[np.int16]] | None:
-        """The next speaking frame's (segment_id, samples), or None for an idle frame.
-
-        Never waits for audio that may not come: a partial frame waits, the video goes on with
-        an idle frame.
-        """
-        piece = self._queue.next_piece()
-        return None if piece is None else (piece.segment_id, piece.pcm)
-
-    def _render(self, pcm: npt.NDArray[np.int16] | None, t: float) -> tuple[U8, float]:
+    def _render(self, piece: Piece | None, t: float) -> tuple[U8, float]:
+        """One frame: the mouth from the visemes of its speech where they came with it (see
+        :mod:`musetalk_core.visemes`), else from the loudness and spectrum of its audio."""
         start = time.perf_counter()
-        if pcm is None:
+        closed = 0.0
+        if piece is None:
             openness, roundness = 0.0, 0.0
+        elif piece.timeline is not None and len(piece.timeline):
+            mouth = piece.timeline.mouth(piece.time)
+            loud, _ = mouth_shape(piece.pcm, self._sample_rate)
+            # The shape from the phonemes, how far it opens also from the voice's loudness:
+            # a stressed vowel opens wider than the same vowel unstressed.
+            openness = math.sqrt(float(mouth[0]) * loud)
+            roundness, closed = float(mouth[1]), float(mouth[3])
         else:
-            openness, roundness = mouth_shape(pcm, self._sample_rate)
+            openness, roundness = mouth_shape(piece.pcm, self._sample_rate)
         render = self._renderer.render_i420 if self._i420 else self._renderer.render
-        image = render(openness, roundness, t)
+        image = render(openness, roundness, t, closed=closed)
         return image, time.perf_counter() - start
 
     async def frames(self) -> AsyncGenerator[AvatarFrame, None]:
@@ -152,7 +154,9 @@ class WarpEngine:
         silence = np.zeros(self._samples_per_frame, np.int16)
         while not self._closed:
             generation = self._generation
-            audio = self._next_audio()
+            # Never waits for audio that may not come: a partial frame waits, the video goes on
+            # with an idle frame.
+            audio = self._queue.next_piece()
             t = self._index / self._fps
             if audio is None and self._renderer.is_still(0.0, t):
                 # At rest: the shared still picture, no render and no thread round trip.
@@ -161,7 +165,7 @@ class WarpEngine:
             else:
                 try:
                     image, elapsed = await loop.run_in_executor(
-                        self._executor, self._render, None if audio is None else audio[1], t
+                        self._executor, self._render, audio, t
                     )
                 except RuntimeError:
                     return  # the executor was shut down by aclose()
@@ -181,9 +185,9 @@ class WarpEngine:
             else:
                 yield AvatarFrame(
                     image=image,
-                    audio=AudioChunk(audio[1], self._sample_rate),
+                    audio=AudioChunk(audio.pcm, self._sample_rate),
                     speaking=True,
-                    segment_id=audio[0],
+                    segment_id=audio.segment_id,
                 )
 
     async def aclose(self) -> None:

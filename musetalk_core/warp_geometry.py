@@ -188,11 +188,15 @@ def mouth_geometry(img: U8, face: FaceLandmarks, fbox: Box, skin: F32) -> dict[s
     cols = np.arange(cw, dtype=np.float32)
     image_cols = cols + cx0
     lower_line = _curve(np.concatenate([corners, inner_lower]), image_cols)
+    upper_line = _curve(np.concatenate([corners, inner_upper]), image_cols)
     seam_img = lower_line
     if not teeth_visible:
-        upper_line = _curve(np.concatenate([corners, inner_upper]), image_cols)
         seam_img = np.asarray((upper_line + lower_line) / 2, np.float32)
     seam = np.asarray(seam_img - cy0, np.float32)
+    # How far the picture's lips are apart at each column (what closing them must cover); lips
+    # the mesh finds within 2 px of each other mid-mouth are closed already.
+    apart = float(face.xy(14)[1] - face.xy(13)[1]) >= 2.0
+    gap = np.asarray(np.clip(lower_line - upper_line, 0.0, None) * apart, np.float32)
     lip_y = float(np.interp(lip_x - cx0, cols, seam))
 
     u = np.where(
@@ -235,6 +239,7 @@ def mouth_geometry(img: U8, face: FaceLandmarks, fbox: Box, skin: F32) -> dict[s
         "mouth_grid_y": grid_y.astype(np.float32),
         "mouth_u": u,
         "mouth_seam": seam,
+        "mouth_gap": gap,
         "mouth_lower": lower,
         "mouth_upper": upper,
         "mouth_jaw_blend": jaw_blend,

@@ -517,3 +517,79 @@ def test_the_opening_sits_between_the_detected_lips(face_avatar: WarpAvatar) -> 
     upper_lip_top, lower_lip_bottom = pts[0][1], pts[17][1]
     assert upper_lip_top <= rows.min() and abs(rows.min() - seam) <= 2 + o * a.max_raise * 1.5
     assert seam + o * a.max_drop - 2 <= rows.max() <= lower_lip_bottom + o * a.max_drop
+
+
+def _redness(px: np.ndarray) -> float:
+    """Mean red minus green: about 20 for these warm-lit teeth, 40-60 for lips."""
+    f = px.astype(np.float32).reshape(-1, 3)
+    return float((f[:, 0] - f[:, 1]).mean())
+
+
+def _teeth_rows(a: WarpAvatar) -> tuple[slice, slice]:
+    """Image rows and columns of the picture's gap between the lips, mid-mouth (the teeth)."""
+    pts = a.landmarks
+    top, bottom = pts[13][1], pts[14][1]
+    (lx, _), (rx, _) = pts[61], pts[291]
+    x0, x1 = int(lx + 0.35 * (rx - lx)), int(lx + 0.65 * (rx - lx))
+    return slice(int(np.ceil(top)) + 1, int(np.floor(bottom))), slice(x0, x1)
+
+
+def test_closed_seals_lips_the_picture_shows_apart(avatar: WarpAvatar) -> None:
+    r = WarpRenderer(avatar)
+    t = _quiet_time(r)
+    assert not r.is_still(0.0, t, closed=1.0)
+    rows, cols = _teeth_rows(avatar)
+    teeth = _redness(avatar.image[rows, cols])
+    sealed = r.render(0.0, 0.0, t, closed=1.0)
+    covered = _redness(sealed[rows, cols])
+    # The built-in portrait smiles with its teeth (white: as red as green); sealed, the red
+    # lower lip covers them.
+    assert teeth < 25 and covered > teeth + 25, (teeth, covered)
+    half = _redness(r.render(0.0, 0.0, t, closed=0.5)[rows, cols])
+    assert teeth < half < covered
+    # Only the mouth crop changes.
+    x, y, w, h = avatar.mouth_crop
+    outside = np.ones(sealed.shape[:2], bool)
+    outside[y : y + h, x : x + w] = False
+    assert np.array_equal(sealed[outside], avatar.image[outside])
+    assert np.array_equal(r.render_i420(0.0, 0.0, t, closed=1.0).shape, r.still_i420.shape)
+
+
+def test_closed_leaves_closed_lips_as_they_are() -> None:
+    a = prepare_avatar(faces.hopper().image)
+    r = WarpRenderer(a)
+    t = _quiet_time(r)
+    assert not a.mouth_gap.any()
+    assert np.array_equal(r.render(0.0, 0.0, t, closed=1.0), a.image)
+
+
+async def test_speech_with_phonemes_seals_for_bilabials_and_opens_for_vowels(
+    avatar: WarpAvatar,
+) -> None:
+    from musetalk_core.types import PhonemeSpan
+
+    # "a m a p a": loud throughout, so loudness alone would keep the mouth open.
+    spans = tuple(
+        PhonemeSpan(p, 0.16 * i, 0.16 * (i + 1)) for i, p in enumerate(["a", "m", "a", "p", "a"])
+    )
+    pcm = _pcm(0.8, seed=4, level=0.25)
+    engine = WarpEngine(avatar)
+    await engine.push_audio(AudioChunk(pcm, SR, spans), 1)
+    await engine.end_segment(1)
+    frames = []
+    async for frame in engine.frames():
+        if not frame.speaking:
+            break
+        frames.append(frame.image)
+    await engine.aclose()
+    assert len(frames) == 20
+    rows, cols = _teeth_rows(avatar)
+    teeth = _redness(avatar.image[rows, cols])
+
+    def at(seconds: float) -> np.ndarray:
+        return frames[int(seconds * FPS)]
+
+    for mid in (0.24, 0.56):  # the middles of "m" and "p": sealed, lip over the teeth
+        assert _redness(at(mid)[rows, cols]) > teeth + 25, mid
+    for mid in (0.08, 0.40, 0.72):  # the vowels: open, a dark cavity below the teeth
+        assert (_cavity(at(mid), avatar)).sum() > 100, mid
