@@ -21,10 +21,14 @@ import numpy.typing as npt
 from .i420 import i420_fits
 from .segments import Piece, SegmentQueue
 from .types import AudioChunk, AvatarFrame, EngineError
+from .visemes import DECAY_S
 from .warp import PIXEL_FORMATS, WarpRenderer, mouth_shape
 from .warp_avatar import WarpAvatar
 
 __all__ = ["WarpEngine"]
+
+Mouth = tuple[float, float, float]
+"""(openness, roundness, closed), as :meth:`~musetalk_core.warp.WarpRenderer.render` takes."""
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -78,6 +82,23 @@ class WarpEngine:
         self._index = 0
         self._render_s = 0.005  # first guess until frames are timed: a few ms on one core
         self._closed = False
+        self._last_mouth: Mouth = (0.0, 0.0, 0.0)
+        """The mouth of the last speaking frame yielded."""
+        self._relax_step = 0
+        """Idle frames yielded since it."""
+
+    def _relaxing(self) -> Mouth | None:
+        """The mouth of the next idle frame while it relaxes to rest after speech (ended, cut
+        by :meth:`clear`, or run dry), over :data:`~musetalk_core.visemes.DECAY_S`; None at
+        rest."""
+        frames = max(1, round(DECAY_S * self._fps))
+        step = self._relax_step + 1
+        if step >= frames or not any(v > 1.0 / 256 for v in self._last_mouth):
+            return None
+        x = step / frames
+        keep = 1.0 - x * x * (3.0 - 2.0 * x)
+        o, r, c = self._last_mouth
+        return (o * keep, r, c * keep)
 
     @property
     def fps(self) -> int:
@@ -128,13 +149,16 @@ class WarpEngine:
         self._queue.clear()
         self._generation += 1
 
-    def _render(self, piece: Piece | None, t: float) -> tuple[U8, float]:
+    def _render(
+        self, piece: Piece | None, t: float, relax: Mouth | None
+    ) -> tuple[U8, float, Mouth]:
         """One frame: the mouth from the visemes of its speech where they came with it (see
-        :mod:`musetalk_core.visemes`), else from the loudness and spectrum of its audio."""
+        :mod:`musetalk_core.visemes`), else from the loudness and spectrum of its audio; an
+        idle frame right after speech shows ``relax``, the mouth on its way to rest."""
         start = time.perf_counter()
         closed = 0.0
         if piece is None:
-            openness, roundness = 0.0, 0.0
+            openness, roundness, closed = relax if relax is not None else (0.0, 0.0, 0.0)
         elif piece.timeline is not None and len(piece.timeline):
             mouth = piece.timeline.mouth(piece.time)
             loud, _ = mouth_shape(piece.pcm, self._sample_rate)
@@ -146,7 +170,7 @@ class WarpEngine:
             openness, roundness = mouth_shape(piece.pcm, self._sample_rate)
         render = self._renderer.render_i420 if self._i420 else self._renderer.render
         image = render(openness, roundness, t, closed=closed)
-        return image, time.perf_counter() - start
+        return image, time.perf_counter() - start, (openness, roundness, closed)
 
     async def frames(self) -> AsyncGenerator[AvatarFrame, None]:
         """Yield (image, 1/fps of audio) pairs forever; idle frames when nothing is queued."""
@@ -158,14 +182,15 @@ class WarpEngine:
             # with an idle frame.
             audio = self._queue.next_piece()
             t = self._index / self._fps
-            if audio is None and self._renderer.is_still(0.0, t):
+            relax = self._relaxing() if audio is None else None
+            if audio is None and relax is None and self._renderer.is_still(0.0, t):
                 # At rest: the shared still picture, no render and no thread round trip.
                 image = self._still
                 await asyncio.sleep(0)
             else:
                 try:
-                    image, elapsed = await loop.run_in_executor(
-                        self._executor, self._render, audio, t
+                    image, elapsed, mouth = await loop.run_in_executor(
+                        self._executor, self._render, audio, t, relax
                     )
                 except RuntimeError:
                     return  # the executor was shut down by aclose()
@@ -175,6 +200,10 @@ class WarpEngine:
             if audio is not None and generation != self._generation:
                 continue  # clear() came during the render: this speech was dropped with it
             self._index += 1
+            if audio is not None:
+                self._last_mouth, self._relax_step = mouth, 0
+            elif relax is not None:
+                self._relax_step += 1
             if audio is None:
                 yield AvatarFrame(
                     image=image,

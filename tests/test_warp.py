@@ -593,3 +593,33 @@ async def test_speech_with_phonemes_seals_for_bilabials_and_opens_for_vowels(
         assert _redness(at(mid)[rows, cols]) > teeth + 25, mid
     for mid in (0.08, 0.40, 0.72):  # the vowels: open, a dark cavity below the teeth
         assert (_cavity(at(mid), avatar)).sum() > 100, mid
+
+
+async def test_a_cut_relaxes_the_mouth_to_rest_over_a_few_frames(avatar: WarpAvatar) -> None:
+    """Barge-in mid-vowel: the next idle frames close the mouth over about 120 ms instead of
+    snapping shut; then the still picture."""
+    from musetalk_core.types import PhonemeSpan
+
+    engine = WarpEngine(avatar)
+    frames = engine.frames()
+    pcm = _pcm(2.0, seed=5, level=0.25)
+    await engine.push_audio(AudioChunk(pcm, SR, (PhonemeSpan("a", 0.0, 2.0),)), 1)
+    speaking = [await anext(frames) for _ in range(10)]
+    assert all(f.speaking for f in speaking)
+    engine.clear()
+    after = [await anext(frames) for _ in range(5)]
+    await frames.aclose()
+    await engine.aclose()
+    assert not any(f.speaking for f in after)
+
+    def moved(image: np.ndarray) -> float:
+        return float(
+            np.abs(_crop(image, avatar.mouth_box) - _crop(avatar.image, avatar.mouth_box)).mean()
+        )
+
+    last = moved(speaking[-1].image)
+    decay = [moved(f.image) for f in after]
+    assert last > 5.0
+    assert last > decay[0] > decay[1] > 0.0, (last, decay)
+    assert decay[2:] == [0.0, 0.0, 0.0], decay
+    assert after[3].image is after[4].image, "at rest: the one shared still picture"
