@@ -72,19 +72,14 @@ def landmark_timing(rounds: int = 10, video_frames: int = 50) -> dict[str, Any]:
     one frame of a video (tracked from the previous frame)."""
     import numpy as np
 
+    from benchmarks.portraits import grace_hopper
     from musetalk_core import landmarks
     from musetalk_core.warp_avatar import builtin_portrait
 
     pictures = {"built-in 512x512": builtin_portrait()}
-    try:
-        import cv2
-        import matplotlib.cbook as cbook
-
-        bgr = cv2.imread(str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)))
-        if bgr is not None:
-            pictures["grace_hopper 512x600"] = np.ascontiguousarray(bgr[:, :, ::-1])
-    except (ImportError, OSError, TypeError):
-        pass
+    hopper = grace_hopper()
+    if hopper is not None:
+        pictures["grace_hopper 512x600"] = hopper
     landmarks.find_landmarks(pictures["built-in 512x512"])  # loads the models
     per_picture = {
         name: summary(_timed(lambda img=img: landmarks.find_landmarks(img), rounds))

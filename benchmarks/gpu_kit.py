@@ -20,6 +20,7 @@ import subprocess
 import sys
 import wave
 from pathlib import Path
+from typing import Any
 
 WHEELS = (
     "ai-edge-litert==2.3.0",
@@ -33,6 +34,15 @@ PLATFORMS = (
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",
 )
+
+
+def write_speech_wav(path: Path, pcm: Any) -> None:
+    """Mono int16 48 kHz samples as the WAV file ``bench engine --speech-wav`` takes."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(48_000)
+        w.writeframes(pcm.tobytes())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,12 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from benchmarks.clip import PARAGRAPH, speech_pcm
 
-    pcm = asyncio.run(speech_pcm(PARAGRAPH.split(".")[0] + "."))
-    with wave.open(str(folder / "speech.wav"), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(48_000)
-        w.writeframes(pcm.tobytes())
+    write_speech_wav(folder / "speech.wav", asyncio.run(speech_pcm(PARAGRAPH.split(".")[0] + ".")))
     size = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
     print(f"wrote {folder}: {', '.join(sorted(p.name for p in folder.iterdir()))} ({size:.1f} MiB)")
     return 0

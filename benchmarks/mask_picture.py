@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks.portraits import grace_hopper
 from musetalk_core.landmarks import find_landmarks
 from musetalk_core.musetalk_geometry import LowerFace, blend_mask, musetalk_box
 from musetalk_core.warp_avatar import builtin_portrait
@@ -25,12 +26,10 @@ U8 = npt.NDArray[np.uint8]
 
 
 def _hopper() -> U8:
-    import matplotlib.cbook as cbook
-
-    bgr = cv2.imread(str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)))
-    if bgr is None:
+    picture = grace_hopper()
+    if picture is None:
         raise SystemExit("matplotlib's sample grace_hopper.jpg is missing")
-    return np.asarray(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), np.uint8)
+    return picture
 
 
 def _panel(image: U8, box: tuple[int, int, int, int], crop: tuple[int, ...], mask: U8) -> U8:

@@ -79,10 +79,6 @@ class LowerFace:
     def from_landmarks(cls, face: FaceLandmarks) -> LowerFace:
         return cls(face.xy(_CHEEK_TO_CHEEK), face.xy(NOSE_OUTLINE))
 
-    def shifted(self, dx: float, dy: float) -> LowerFace:
-        d = np.array([dx, dy], np.float32)
-        return LowerFace(self.outline + d, self.nose + d)
-
 
 def musetalk_box(
     face: FaceLandmarks, frame_size: tuple[int, int], *, bbox_shift: int = 0, extra_margin: int = 10

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .types import AudioChunk, PhonemeSpan
+from .types import AudioChunk, PhonemeSpan, phonemes_after
 from .visemes import VisemeTimeline
 
 __all__ = ["Piece", "SegmentQueue"]
@@ -62,7 +62,7 @@ class _Segment:
         """Samples pushed so far."""
         self.rate = 0
         """Sample rate of chunks pushed with :meth:`SegmentQueue.push_chunk` (0: none were)."""
-        self.spans: list[PhonemeSpan] = []
+        self.spans: tuple[PhonemeSpan, ...] = ()
         """Phonemes on the segment's clock."""
         self.timeline: VisemeTimeline | None = None
         self.chunks: collections.deque[I16] = collections.deque()
@@ -127,7 +127,7 @@ class SegmentQueue:
         tail.rate = chunk.sample_rate
         at = (tail.pushed - len(chunk.pcm)) / chunk.sample_rate
         shifted = [PhonemeSpan(s.phoneme, s.start + at, s.end + at) for s in chunk.phonemes]
-        tail.spans.extend(shifted)
+        tail.spans += tuple(shifted)
         if tail.timeline is None:
             tail.timeline = VisemeTimeline()
         tail.timeline.add(shifted, 0.0)
@@ -137,12 +137,7 @@ class SegmentQueue:
         that starts there (for speech handed on from that piece, as a catch-up does)."""
         for segment in self._segments:
             if segment.segment_id == segment_id and segment.rate:
-                t0 = index * self.frame_samples / segment.rate
-                return tuple(
-                    PhonemeSpan(s.phoneme, max(0.0, s.start - t0), s.end - t0)
-                    for s in segment.spans
-                    if s.end > t0
-                )
+                return phonemes_after(segment.spans, index * self.frame_samples / segment.rate)
         return ()
 
     def end(self, segment_id: int) -> None:

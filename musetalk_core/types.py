@@ -17,6 +17,7 @@ __all__ = [
     "LipSyncEngine",
     "NoFaceError",
     "PhonemeSpan",
+    "phonemes_after",
 ]
 
 
@@ -45,6 +46,16 @@ class PhonemeSpan:
     """As the voice's phonemizer writes it: espeak-ng IPA for Piper ("m", "ˈ", "aɪ" is two)."""
     start: float
     end: float
+
+
+def phonemes_after(spans: tuple[PhonemeSpan, ...], seconds: float) -> tuple[PhonemeSpan, ...]:
+    """``spans`` from ``seconds`` on, on a clock that starts there (a span cut by it starts at
+    0): the phonemes of audio whose first ``seconds`` were dropped."""
+    return tuple(
+        PhonemeSpan(s.phoneme, max(0.0, s.start - seconds), s.end - seconds)
+        for s in spans
+        if s.end > seconds
+    )
 
 
 @dataclass(frozen=True, slots=True)

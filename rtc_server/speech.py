@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from musetalk_core.types import AudioChunk, PhonemeSpan
+from musetalk_core.types import AudioChunk, phonemes_after
 from rtc_server.media.resample import resample_int16
 from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.providers.base import TTS
@@ -167,12 +167,7 @@ def _trimmed(chunk: AudioChunk) -> AudioChunk:
     """``chunk`` without its leading silence; its phonemes move with the sound."""
     pcm = trim_leading_silence(chunk.pcm, chunk.sample_rate)
     cut = (len(chunk.pcm) - len(pcm)) / chunk.sample_rate
-    phonemes = tuple(
-        PhonemeSpan(s.phoneme, max(0.0, s.start - cut), s.end - cut)
-        for s in chunk.phonemes
-        if s.end > cut
-    )
-    return AudioChunk(pcm, chunk.sample_rate, phonemes)
+    return AudioChunk(pcm, chunk.sample_rate, phonemes_after(chunk.phonemes, cut))
 
 
 def trim_leading_silence(

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from benchmarks.portraits import grace_hopper
+
 
 @dataclass(frozen=True)
 class Face:
@@ -59,12 +61,9 @@ def astronaut() -> Face:
 
 @functools.cache
 def _hopper_image() -> np.ndarray:
-    import matplotlib.cbook as cbook
-
-    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
-    assert bgr is not None, path
-    return np.ascontiguousarray(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+    picture = grace_hopper()
+    assert picture is not None, "matplotlib's sample grace_hopper.jpg"
+    return picture
 
 
 def hopper() -> Face:

@@ -57,18 +57,14 @@ def test_gpu_check_script_runs_without_the_media_stack(tmp_path: Path) -> None:
     import os
     import subprocess
     import sys
-    import wave
 
     from benchmarks.clip import speech_pcm
+    from benchmarks.gpu_kit import write_speech_wav
 
     kit = tmp_path / "kit"
     kit.mkdir()
     pcm = asyncio.run(speech_pcm("The quick brown fox jumps over the lazy dog."))
-    with wave.open(str(kit / "speech.wav"), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(48_000)
-        w.writeframes(pcm.tobytes())
+    write_speech_wav(kit / "speech.wav", pcm)
     blocker = tmp_path / "blocker"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(
