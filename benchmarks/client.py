@@ -70,8 +70,10 @@ class CallClient:
         decode_video: bool = True,
         ice_address: str | None = "127.0.0.1",
         headers: dict[str, str] | None = None,
+        visemes: bool = False,
     ) -> None:
-        """``headers`` go with every HTTP request of the call (a token, a proxy's headers)."""
+        """``headers`` go with every HTTP request of the call (a token, a proxy's headers);
+        ``visemes`` asks for the viseme stream in both forms (JSON events, binary channel)."""
         # Benchmarks and tests keep every packet on loopback; aioice skips it unless told.
         if ice_address is not None:
             restrict_host_addresses([ice_address])
@@ -95,11 +97,35 @@ class CallClient:
         self._cursor = 0
         self.channel = self.pc.createDataChannel("events")
         self.channel.on("message", self._on_message)
+        self.visemes = visemes
+        self.viseme_events: list[tuple[float, dict[str, Any]]] = []
+        """(arrival, event) of each ``viseme`` event, as they came."""
+        self.viseme_binary: list[tuple[float, bytes]] = []
+        """(arrival, message) of each message on the ``visemes`` channel."""
+        if visemes:
+            binary = self.pc.createDataChannel("visemes")
+            binary.on("message", self._on_viseme_message)
         self.pc.on("track", self._on_track)
 
     def _on_message(self, message: str | bytes) -> None:
-        self.events.append(json.loads(message))
+        event = json.loads(message)
+        if event.get("type") == "viseme":
+            self.viseme_events.append((time.monotonic(), event))
+            return  # fifty a second: kept apart from the conversation's events
+        self.events.append(event)
         self._event_signal.set()
+
+    def _on_viseme_message(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            self.viseme_binary.append((time.monotonic(), message))
+
+    def audio_arrival(self, rtp: int) -> float | None:
+        """When the audio packet of RTP timestamp ``rtp`` arrived (None: it did not)."""
+        return self._arrivals.get(("audio", rtp))
+
+    def audio_rtp(self, pts: int) -> int:
+        """The RTP timestamp of a received audio frame's ``pts``."""
+        return (self._origins.get("audio", 0) + pts) & 0xFFFFFFFF
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "video" and not self.decode_video:
@@ -190,7 +216,10 @@ class CallClient:
         self._watch_arrivals()
         await self.pc.setLocalDescription(await self.pc.createOffer())
         sdp = self.pc.localDescription.sdp
-        body = {"sdp": rewrite_offer(sdp) if rewrite_offer else sdp, "type": "offer"}
+        body: dict[str, Any] = {"sdp": rewrite_offer(sdp) if rewrite_offer else sdp}
+        body["type"] = "offer"
+        if self.visemes:
+            body["visemes"] = True
         async with aiohttp.ClientSession(headers=self.headers) as http:
             async with http.post(self.url + "/offer", json=body) as resp:
                 answer = await resp.json()

@@ -90,6 +90,22 @@ class _Segment:
         self.taken += 1
         return out
 
+    def look(self, n: int, skip: int) -> I16:
+        """The ``n`` samples :meth:`take` would return after ``skip`` samples, not taken."""
+        out = np.zeros(n, np.int16)
+        at, filled = self.offset + skip, 0
+        for chunk in self.chunks:
+            if at >= len(chunk):
+                at -= len(chunk)
+                continue
+            k = min(n - filled, len(chunk) - at)
+            out[filled : filled + k] = chunk[at : at + k]
+            filled += k
+            at = 0
+            if filled == n:
+                break
+        return out
+
 
 class SegmentQueue:
     """Queued speech in segments, consumed in frame-sized :class:`Piece` s.
@@ -159,6 +175,23 @@ class SegmentQueue:
                 return None
             self._segments.popleft()
         return None
+
+    def upcoming(self, limit: int) -> list[Piece]:
+        """The next ``limit`` pieces :meth:`next_piece` would return if nothing were pushed or
+        cleared meanwhile (fewer when less is queued), none of them taken."""
+        n = self.frame_samples
+        out: list[Piece] = []
+        for segment in self._segments:
+            whole, left = divmod(segment.available, n)
+            count = whole + (1 if segment.ended and left else 0)
+            for j in range(min(count, limit - len(out))):
+                index = segment.taken + j
+                t = (index + 0.5) * n / segment.rate if segment.rate else 0.0
+                pcm = segment.look(n, j * n)
+                out.append(Piece(segment.segment_id, index, pcm, segment.timeline, t))
+            if len(out) >= limit or not segment.ended:
+                break
+        return out
 
     def peek(self) -> tuple[int, int] | None:
         """(segment_id, index) of the piece :meth:`next_piece` would return now, not taken."""

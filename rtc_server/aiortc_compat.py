@@ -166,19 +166,35 @@ EncodedSource = Callable[[], Awaitable[tuple[bytes, int, int]]]
 """Gives the next encoded audio frame: (payload, RTP time, RFC 6465 level)."""
 
 
-def send_encoded_audio(sender: RTCRtpSender, source: EncodedSource) -> None:
+def send_encoded_audio(
+    sender: RTCRtpSender,
+    source: EncodedSource,
+    on_rtp_origin: Callable[[int], None] | None = None,
+) -> None:
     """Have ``sender`` send the frames ``source`` gives, already encoded, with their levels.
 
     aiortc's sender reads its track, then encodes each frame on an executor thread and waits
     for it (a thread hand-off both ways every 20 ms); it sends packets a track hands it as
     they are, but without their audio level. This sender's next frame comes from ``source``
     instead, level included; its track is no longer read. Only this sender changes.
+
+    aiortc adds a random origin to the frames' RTP times and keeps it to itself; once the first
+    packet is out, ``on_rtp_origin`` is told it (the RTP timestamp of media time 0), read back
+    from the packet the sender last sent: what a client sees is then known here.
     """
+    last: list[int] = []
 
     async def next_encoded_frame(codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
+        nonlocal on_rtp_origin
+        if on_rtp_origin is not None and last and sender._RTCRtpSender__packet_count > 0:  # type: ignore[attr-defined]
+            # The loop that called us sent the frame we gave it last before asking again.
+            sent = sender._RTCRtpSender__rtp_timestamp  # type: ignore[attr-defined]
+            on_rtp_origin((sent - last[0]) & 0xFFFFFFFF)
+            on_rtp_origin = None
         payload, timestamp, level = await source()
         if not sender._enabled:  # as aiortc: a disabled sender drops what it is given
             return None
+        last[:] = [timestamp]
         return RTCEncodedFrame([payload], timestamp, level)
 
     sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]

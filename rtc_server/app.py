@@ -171,6 +171,7 @@ class SessionManager:
             messages=self.config.access.message_limiter(),
             max_call_s=self.config.server.max_call_s,
             idle_timeout_s=self.config.server.idle_timeout_s or None,
+            visemes=offer.visemes,
             # The sync-test engine stands in for a speaking avatar: a deployment check must
             # see the stream a talking face sends, every frame.
             still_repeat_s=(
@@ -199,7 +200,11 @@ class SessionManager:
                     and negotiated_codec(transceiver) == "audio/opus"
                 ):
                     session.audio_track.encode_with(ReplyOpusEncoder(on_frame=self._audio_sent))
-                    send_encoded_audio(transceiver.sender, session.audio_track.recv_encoded)
+                    send_encoded_audio(
+                        transceiver.sender,
+                        session.audio_track.recv_encoded,
+                        on_rtp_origin=session.visemes.set_rtp_origin,
+                    )
             negotiated = negotiated_codec(video)
             if negotiated == "video/H264":
                 set_sender_encoder(

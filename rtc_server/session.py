@@ -32,6 +32,7 @@ from rtc_server.speech import SpeechOutput
 from rtc_server.turn_controller import CallState, ListenSettings, Providers, TurnController
 from rtc_server.vad import SAMPLE_RATE as VAD_RATE
 from rtc_server.vad import VADStream
+from rtc_server.viseme_stream import VisemeStream
 from rtc_server.watchdogs import PEER_SILENCE_S, connected_within, idle_for, peer_silent_for
 from signaling.errors import SignalingError
 from signaling.messages import ClientEvent
@@ -61,8 +62,10 @@ class AvatarSession:
         peer_silence_s: float | None = PEER_SILENCE_S,
         still_repeat_s: float = STILL_REPEAT_S,
         messages: RateLimiter | None = None,
+        visemes: bool = False,
     ) -> None:
-        """``messages`` limits the caller's says and data-channel messages (None: no limit)."""
+        """``messages`` limits the caller's says and data-channel messages (None: no limit);
+        ``visemes`` sends the caller ``viseme`` events on its events channel."""
         self.id = uuid.uuid4().hex
         self.pc = pc
         self.engine = engine
@@ -76,6 +79,9 @@ class AvatarSession:
             on_video=self._on_video,
             on_behind=self._engine_behind,
         )
+        self.visemes = VisemeStream(self.scheduler)
+        self.scheduler.on_clear = self.visemes.on_clear
+        self.scheduler.on_queued = self.visemes.on_queued
         self.audio_track = AvatarAudioTrack(self.clock, self.scheduler)
         self.video_track = AvatarVideoTrack(self.clock, self.scheduler, still_repeat_s)
         self._log = CallLog(logger, {"session": self.id[:8]})
@@ -85,6 +91,8 @@ class AvatarSession:
         self.events = EventChannel(
             self._on_client_event, self._log, max_chars=settings.max_text_chars
         )
+        if visemes:
+            self.visemes.json = self.events.send
         self.turns = TurnController(
             providers,
             SpeechOutput(self.scheduler, executor),
@@ -238,6 +246,8 @@ class AvatarSession:
         self.turns.handle(event)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if self.visemes.attach(channel):
+            return
         state = {"type": "state", "state": self.state.value}
         notices = [{"type": "error", "code": c, "message": m} for c, m in self.notices]
         self.events.attach(channel, [state, *notices])
@@ -249,6 +259,7 @@ class AvatarSession:
 
     def _on_unit(self, index: int, unit: Unit) -> None:
         self.turns.on_unit(index, unit)
+        self.visemes.on_unit(index, unit)
 
     def _on_video(self, dropped: int, held: bool) -> None:
         if held:

@@ -27,6 +27,8 @@ class Offer:
     has_video: bool
     video_codecs: tuple[str, ...]
     """mimeTypes the offer's video m-line accepts, e.g. ("video/VP8", "video/H264")."""
+    visemes: bool = False
+    """The caller asks for ``viseme`` events on its events channel (rtc_server.viseme_stream)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,9 @@ def parse_offer(body: dict[str, object], *, peers: PeerRule) -> Offer:
     avatar = body.get("avatar")
     if avatar is not None and not isinstance(avatar, str):
         raise SignalingError(400, "bad_offer", "'avatar' must be a string")
+    visemes = body.get("visemes", False)
+    if not isinstance(visemes, bool):
+        raise SignalingError(400, "bad_offer", "'visemes' must be true or false")
     try:
         parsed = SessionDescription.parse(sdp)
     except Exception as exc:  # aiortc's parser raises whatever the bad line provokes
@@ -59,6 +64,7 @@ def parse_offer(body: dict[str, object], *, peers: PeerRule) -> Offer:
         has_audio=True,
         has_video=True,
         video_codecs=codecs,
+        visemes=visemes,
     )
 
 

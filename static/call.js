@@ -6,6 +6,8 @@
 //
 // Events (CustomEvent, on the Call itself):
 //   "event"      detail: a data-channel event from the server ({type: "state", ...}, ...)
+//   "viseme"     detail: one binary viseme frame (an ArrayBuffer; visemes.js decodes it), for a
+//                Call made with {visemes: true}
 //   "connection" detail: the RTCPeerConnection's connectionState
 //   "channel"    detail: true when the data channel opens, false when it closes
 //
@@ -83,13 +85,15 @@ export class Call extends EventTarget {
    * @param {HTMLVideoElement} video where the avatar plays
    * @param {{token?: string|null, avatar?: string|null}} options token: sent as
    *   "Authorization: Bearer" on /offer and the session's routes (servers with --api-key);
-   *   avatar: asked for in the offer
+   *   avatar: asked for in the offer; visemes: open the "visemes" data channel, whose binary
+   *   frames shape the avatar's mouth (docs/ARCHITECTURE.md, "The viseme stream")
    */
-  constructor(video, { token = null, avatar = null } = {}) {
+  constructor(video, { token = null, avatar = null, visemes = false } = {}) {
     super();
     this.video = video;
     this.auth = token ? { Authorization: `Bearer ${token}` } : {};
     this.avatar = avatar;
+    this.visemes = visemes;
     this.pc = null;
     this.channel = null;
     this.sessionId = null;
@@ -139,6 +143,13 @@ export class Call extends EventTarget {
       if (!this.closed) this.emit("connection", pc.connectionState);
     });
     this.openChannel(pc.createDataChannel("events"));
+    if (this.visemes) {
+      const frames = pc.createDataChannel("visemes");
+      frames.binaryType = "arraybuffer";
+      frames.addEventListener("message", (event) => {
+        if (!this.closed && event.data instanceof ArrayBuffer) this.emit("viseme", event.data);
+      });
+    }
 
     await pc.setLocalDescription(await pc.createOffer());
     await iceGatheringComplete(pc);

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from musetalk_core.segments import SegmentQueue
+from musetalk_core.segments import Piece, SegmentQueue
 from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
+from musetalk_core.visemes import VisemeTimeline
 from rtc_server.media.clock import MediaClock, MonotonicClock
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,10 @@ class Unit:
     index: int
     """The piece of its segment this unit plays; -1 for idle units."""
     image: np.ndarray | None = None
+    timeline: VisemeTimeline | None = None
+    """The visemes of the speech this unit plays, when it came with phonemes."""
+    time: float = 0.0
+    """The middle of this unit's speech on its segment's clock, where ``timeline`` applies."""
 
 
 class AVScheduler:
@@ -91,6 +96,8 @@ class AVScheduler:
         on_unit: Callable[[int, Unit], None] | None = None,
         on_video: Callable[[int, bool], None] | None = None,
         on_behind: Callable[[], None] | None = None,
+        on_clear: Callable[[], None] | None = None,
+        on_queued: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.clock: MediaClock = clock if clock is not None else MonotonicClock()
@@ -124,6 +131,10 @@ class AVScheduler:
         self._on_unit = on_unit
         self._on_video = on_video
         self._on_behind = on_behind
+        self.on_clear = on_clear
+        """Called after :meth:`clear` dropped the queued speech (a barge-in)."""
+        self.on_queued = on_queued
+        """Called after speech was queued and placed on the clock."""
         self._behind = False
         """A frame came in more than ``LATE_FRAMES`` after its instant: catch up."""
         self._resynced_at = -RESYNC_COOLDOWN_S
@@ -146,12 +157,16 @@ class AVScheduler:
         self._speech.push_chunk(chunk, segment_id)
         self._top_segment = max(self._top_segment, segment_id)
         self._place()
+        if self.on_queued is not None:
+            self.on_queued()
         await self.engine.push_audio(chunk, segment_id)
 
     async def end_segment(self, segment_id: int) -> None:
         """No more audio for ``segment_id``: its last partial piece is padded and plays."""
         self._speech.end(segment_id)
         self._place()
+        if self.on_queued is not None:
+            self.on_queued()  # its last partial piece can play now
         await self.engine.end_segment(segment_id)
 
     def _place(self) -> None:
@@ -181,6 +196,23 @@ class AVScheduler:
         self._space.set()
         for index in [i for i in self._units if i >= self._next_unit]:
             del self._units[index]
+        if self.on_clear is not None:
+            self.on_clear()
+
+    @property
+    def next_unit(self) -> int:
+        """The first instant no track has asked for yet."""
+        return self._next_unit
+
+    def upcoming(self, through: int) -> list[tuple[int, Piece]]:
+        """The speech queued to play from :attr:`next_unit` to ``through``, as (instant,
+        piece), if no barge-in comes: a run of speech plays its pieces one instant after
+        another. What the TTS has not delivered yet is not in it (it may still come in time)."""
+        if self._speech_from is None:
+            return []
+        first = max(self._next_unit, self._speech_from)
+        pieces = self._speech.upcoming(through - first + 1)
+        return [(first + j, piece) for j, piece in enumerate(pieces)]
 
     @property
     def speech_pending(self) -> bool:
@@ -309,7 +341,9 @@ class AVScheduler:
                     self._speech_from = None  # the run is over, or the TTS is late
             if piece is not None:
                 audio = AudioChunk(piece.pcm, self.sample_rate)
-                unit = Unit(audio, True, piece.segment_id, piece.index)
+                unit = Unit(
+                    audio, True, piece.segment_id, piece.index, None, piece.timeline, piece.time
+                )
                 self.stats.speaking_units += 1
                 if "video" not in self._position:
                     self._forget_faces_through((piece.segment_id, piece.index))
