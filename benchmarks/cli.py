@@ -236,6 +236,14 @@ def _vad(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return {"seconds": args.seconds}, r
 
 
+def _visemes(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import visemes
+
+    r = visemes.run(args.repeats)
+    print(visemes.table(r))
+    return {"repeats": args.repeats}, r
+
+
 def _browser(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from benchmarks import browser_call
 
@@ -430,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vad = sub.add_parser("vad", help="Silero VAD cost per 32 ms chunk")
     vad.add_argument("--seconds", type=float, default=30.0)
+    vis = sub.add_parser("visemes", help="what phoneme timing, estimates and the stream cost")
+    vis.add_argument("--repeats", type=int, default=3, help="times the paragraph is spoken")
     brw = sub.add_parser("browser", help="a call in Chromium: first frame, fps, A/V offset")
     brw.add_argument("--says", type=int, default=5)
     brw.add_argument("--mouth-box", default=None, help="x,y,w,h of the mouth, with --url")
@@ -491,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for p in (brw, syn, lod):
         p.add_argument("--url", default=None, help="a running server (default: in-process)")
-    for p in (enc, eng, cal, lat, vad, brw, syn, lod):
+    for p in (enc, eng, cal, lat, vad, vis, brw, syn, lod):
         p.add_argument("--json", type=Path, default=None, help="write results here")
         p.add_argument("--plot", type=Path, default=None, help="draw them into this PNG")
     return parser
@@ -505,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "call": _call,
         "latency": _latency,
         "vad": _vad,
+        "visemes": _visemes,
         "browser": _browser,
         "sync": _sync,
         "load": _load,

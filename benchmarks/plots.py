@@ -131,6 +131,14 @@ def plot(bench: str, results: Any, path: Path) -> None:
         fig, (ax,) = _figure("Silero VAD per 32 ms chunk")
         ax.bar(["p50", "p95", "max"], [results["cost_ms"][k] for k in ("p50", "p95", "max")])
         ax.set_ylabel("ms")
+    elif bench == "visemes":
+        from benchmarks.visemes import rows
+
+        fig, (ax,) = _figure("Mouth shapes: CPU per second of speech")
+        found = rows(results)
+        ax.barh([name for name, _, _ in found], [value for _, value, _ in found])
+        ax.invert_yaxis()
+        ax.set_xlabel("CPU ms per s of speech")
     elif bench == "load":
         fig, (frames, cpu) = _figure(
             f"Load ({results['turns']} turns): {results['largest_smooth_calls']} smooth call(s)", 2

@@ -251,21 +251,27 @@ class VisemeStream:
 
     def _mix(self, piece: Piece, f: int, key: _Key) -> tuple[float, ...]:
         """The viseme mix of audio frame ``f`` of ``piece``: from its phonemes where it has
-        them, else open by loudness (speech from a voice that gives no timing)."""
+        them, else open by loudness (speech from a voice that gives no timing). The frames of
+        a piece are worked out together, once."""
         mix = self._mixes.get(key)
         if mix is not None:
             return mix
+        n = self._per_unit
         if piece.timeline is not None and len(piece.timeline):
-            middle = piece.time - self._unit_s / 2 + (f + 0.5) * AUDIO_PTIME
-            mix = tuple(float(v) for v in piece.timeline.weights(middle))
+            start = piece.time - self._unit_s / 2
+            middles = start + (np.arange(n, dtype=np.float64) + 0.5) * AUDIO_PTIME
+            mixes = np.atleast_2d(piece.timeline.weights(middles))
         else:
-            part = piece.pcm[f * AUDIO_SAMPLES : (f + 1) * AUDIO_SAMPLES]
-            opening = mouth_shape(part, AUDIO_RATE)[0]
-            values = [0.0] * len(VISEMES)
-            values[0], values[VISEMES.index("aa")] = 1.0 - opening, opening
-            mix = tuple(values)
-        self._mixes[key] = mix
-        return mix
+            mixes = np.zeros((n, len(VISEMES)), np.float32)
+            for g in range(n):
+                opening = mouth_shape(
+                    piece.pcm[g * AUDIO_SAMPLES : (g + 1) * AUDIO_SAMPLES], AUDIO_RATE
+                )[0]
+                mixes[g, 0], mixes[g, VISEMES.index("aa")] = 1.0 - opening, opening
+        for g, key_g in enumerate(self._keys(piece)):
+            assert key_g is not None
+            self._mixes[key_g] = tuple(float(v) for v in mixes[g])
+        return self._mixes[key]
 
     def _send(
         self, frame: int, mix: tuple[float, ...], key: _Key, *, cut: bool = False, end: bool = False

@@ -135,6 +135,14 @@ def test_bench_vad(tmp_path: Path) -> None:
     assert r["chunks"] == 93 and r["cost_ms"]["p50"] > 0
 
 
+def test_bench_visemes(tmp_path: Path) -> None:
+    r = _run(tmp_path, "visemes", "--repeats", "1")
+    timing, stream = r["timing"], r["stream"]
+    assert timing["voice_has_timing"] and timing["phonemes_per_s"] > 5
+    assert timing["plain_cpu_ms_per_s"] > 0 and timing["timed_cpu_ms_per_s"] > 0
+    assert stream["with_stream_cpu_ms_per_s"] > stream["scheduler_cpu_ms_per_s"] > 0
+
+
 def test_bench_call(tmp_path: Path) -> None:
     r = _run(tmp_path, "call", "--says", "1")
     assert r["receiver_fps"] > 20

