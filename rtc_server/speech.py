@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from musetalk_core.types import AudioChunk, phonemes_after
-from rtc_server.media.resample import resample_int16
+from musetalk_core.types import AudioChunk, PhonemeSpan, phonemes_after
+from rtc_server.media.resample import StreamResampler
 from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.providers.base import TTS
 
@@ -129,6 +129,8 @@ class SpeechOutput:
                 utterance.segments.append(seg)
                 async with contextlib.aclosing(tts.synthesize(text)) as chunks:
                     first = True
+                    # One resampler per sentence: its chunks join as one stream would.
+                    resampler: StreamResampler | None = None
                     async for chunk in chunks:
                         if first:
                             # TTS voices lead with up to a few hundred ms of silence: time
@@ -138,18 +140,30 @@ class SpeechOutput:
                         if on_tts_audio is not None:
                             on_tts_audio()
                             on_tts_audio = None
-                        pcm = await loop.run_in_executor(
-                            self._executor, resample_int16, chunk.pcm, chunk.sample_rate, rate
-                        )
-                        await self.output.push_audio(
-                            AudioChunk(pcm, rate, chunk.phonemes), seg.segment_id
-                        )
-                        seg.samples += len(pcm)
+                        if resampler is None or resampler.src_rate != chunk.sample_rate:
+                            if resampler is not None:
+                                await self._push(seg, resampler.flush())
+                            resampler = StreamResampler(chunk.sample_rate, rate)
+                        # The chunk's sound comes out that much later than it went in.
+                        phonemes = _shifted(chunk.phonemes, resampler.behind_s)
+                        pcm = await loop.run_in_executor(self._executor, resampler.feed, chunk.pcm)
+                        await self._push(seg, pcm, phonemes)
                         if utterance.first_push_at is None:
                             utterance.first_push_at = self._clock()
+                    if resampler is not None:
+                        await self._push(seg, resampler.flush())
                 await self.output.end_segment(seg.segment_id)
                 seg.complete = True
                 self._progress.set()
+
+    async def _push(
+        self, seg: Segment, pcm: np.ndarray, phonemes: tuple[PhonemeSpan, ...] = ()
+    ) -> None:
+        if len(pcm):  # a chunk of a few samples may give none yet (its phonemes go)
+            await self.output.push_audio(
+                AudioChunk(pcm, self.output.sample_rate, phonemes), seg.segment_id
+            )
+            seg.samples += len(pcm)
 
     async def wait_played(self, utterance: Utterance) -> None:
         """Return once every frame of ``utterance`` has been presented."""
@@ -161,6 +175,10 @@ class SpeechOutput:
         """Stop counting for ``utterance``; frames of its still in flight count as stale."""
         for seg in utterance.segments:
             self._segments.pop(seg.segment_id, None)
+
+
+def _shifted(spans: tuple[PhonemeSpan, ...], seconds: float) -> tuple[PhonemeSpan, ...]:
+    return tuple(PhonemeSpan(s.phoneme, s.start + seconds, s.end + seconds) for s in spans)
 
 
 def _trimmed(chunk: AudioChunk) -> AudioChunk:

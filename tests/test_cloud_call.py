@@ -155,7 +155,10 @@ async def test_speech_recognition_failing_gets_an_error_and_an_apology(
 
     # The vendor's own words name the account: they go to the log, not to the caller.
     detail = b'{"error": {"message": "key sk-proj-42 of org-acme revoked", "code": "bad_key"}}'
-    vendor.script(TRANSCRIPTIONS, Reply(status=401, body=detail, content_type="application/json"))
+    # Every request is refused: the early transcript at a pause in the speech may come first,
+    # and a refusal it used up would let the turn's own transcription through.
+    refusal = Reply(status=401, body=detail, content_type="application/json")
+    vendor.script(TRANSCRIPTIONS, refusal, refusal, refusal)
     server, runner = await start_server(
         engine_factory,
         cache_dir,
