@@ -3,6 +3,9 @@
 * **Timing from the voice**: the bundled Piper voice synthesizing the same sentences as
   published and patched to report its phoneme durations (CPU per second of speech, both), and
   the spans made from them.
+* **Estimated from the audio**: the viseme estimator on the held-out sentences (as spoken by
+  the voice): how many of the voice's own bilabials and labiodentals it finds within 40 ms,
+  how many it finds are real, and its CPU per second of speech.
 * **The viseme stream**: a scheduler playing speech with phonemes on a hand-moved clock, with
   and without a viseme stream in both forms (CPU per second of speech).
 """
@@ -14,14 +17,74 @@ import json
 import time
 from typing import Any
 
+import numpy as np
+
 from benchmarks.clip import PARAGRAPH
+from benchmarks.viseme_sentences import HELD_OUT
 from musetalk_core.synctest import SyncTestEngine
-from musetalk_core.types import AudioChunk
+from musetalk_core.types import AudioChunk, PhonemeSpan
+from musetalk_core.visemes import viseme_of
 from rtc_server.media.clock import ManualClock
 from rtc_server.media.resample import resample_int16
 from rtc_server.media.scheduler import AVScheduler
+from rtc_server.media.viseme_estimator import VisemeEstimator
 from rtc_server.providers.piper_tts import PiperTTS
 from rtc_server.viseme_stream import VisemeStream
+
+LIPS = ("PP", "FF")
+TOLERANCE_S = 0.040
+
+
+def lip_marks(spans: list[PhonemeSpan] | tuple[PhonemeSpan, ...]) -> list[tuple[str, float]]:
+    """(viseme, midpoint) of the spans that close the lips or put them to the teeth."""
+    out = []
+    for s in spans:
+        v = viseme_of(s.phoneme)
+        if v in LIPS:
+            out.append((v, (s.start + s.end) / 2))
+    return out
+
+
+def matched(truth: list[tuple[str, float]], found: list[tuple[str, float]]) -> tuple[int, int]:
+    """(true marks found, found marks true): the same viseme, midpoints within 40 ms."""
+
+    def near(a: tuple[str, float], pool: list[tuple[str, float]]) -> bool:
+        return any(v == a[0] and abs(t - a[1]) <= TOLERANCE_S for v, t in pool)
+
+    return sum(near(t, found) for t in truth), sum(near(f, truth) for f in found)
+
+
+def _estimation(tts: PiperTTS) -> dict[str, Any]:
+    model = VisemeEstimator.load()
+    truth_n = found_n = hits = correct = 0
+    cpu = speech = 0.0
+    for text in HELD_OUT:
+        chunks = asyncio.run(_synthesize(tts, [text]))[2]
+        spans: list[PhonemeSpan] = []
+        at = 0.0
+        for c in chunks:
+            spans += [PhonemeSpan(s.phoneme, s.start + at, s.end + at) for s in c.phonemes]
+            at += c.duration
+        pcm = np.concatenate([c.pcm for c in chunks])
+        started = time.process_time()
+        estimated = model.estimate(pcm, chunks[0].sample_rate)
+        cpu += time.process_time() - started
+        speech += at
+        truth, found = lip_marks(spans), lip_marks(estimated)
+        h, c_ = matched(truth, found)
+        truth_n, found_n, hits, correct = (
+            truth_n + len(truth),
+            found_n + len(found),
+            hits + h,
+            correct + c_,
+        )
+    return {
+        "sentences": len(HELD_OUT),
+        "lip_phonemes": truth_n,
+        "found": hits / truth_n,
+        "precision": correct / max(1, found_n),
+        "cpu_ms_per_s": cpu / speech * 1000,
+    }
 
 
 async def _synthesize(tts: PiperTTS, texts: list[str]) -> tuple[float, float, list[AudioChunk]]:
@@ -101,8 +164,9 @@ def _stream(chunks: list[AudioChunk]) -> dict[str, Any]:
 
 def run(repeats: int = 3) -> dict[str, Any]:
     timing = _timing(repeats)
-    chunks = asyncio.run(_synthesize(PiperTTS.load(deterministic=True), [PARAGRAPH] * 2))[2]
-    return {"timing": timing, "stream": _stream(chunks)}
+    tts = PiperTTS.load(deterministic=True)
+    chunks = asyncio.run(_synthesize(tts, [PARAGRAPH] * 2))[2]
+    return {"timing": timing, "estimate": _estimation(tts), "stream": _stream(chunks)}
 
 
 def rows(result: dict[str, Any]) -> list[tuple[str, float, str]]:
@@ -111,6 +175,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, float, str]]:
     return [
         ("Piper, as published", t["plain_cpu_ms_per_s"], "synthesis"),
         ("Piper, with phoneme timing", t["timed_cpu_ms_per_s"], "synthesis"),
+        ("estimated from the audio", result["estimate"]["cpu_ms_per_s"], "viseme estimator"),
         ("scheduler alone", s["scheduler_cpu_ms_per_s"], "playing"),
         ("scheduler + viseme stream", s["with_stream_cpu_ms_per_s"], "playing, JSON + binary"),
     ]
@@ -126,5 +191,11 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"phoneme timing's cost {t['timing_cpu_ms_per_s']:+.2f} ms/s; "
         f"the viseme stream's {s['stream_cpu_ms_per_s']:+.2f} ms/s"
+    )
+    e = result["estimate"]
+    lines.append(
+        f"estimator on {e['sentences']} held-out sentences: {e['found']:.0%} of "
+        f"{e['lip_phonemes']} bilabials and labiodentals found within 40 ms, "
+        f"{e['precision']:.0%} of those it marked real"
     )
     return "\n".join(lines)

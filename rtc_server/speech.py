@@ -19,6 +19,7 @@ import numpy as np
 from musetalk_core.types import AudioChunk, PhonemeSpan, phonemes_after
 from rtc_server.media.resample import StreamResampler
 from rtc_server.media.scheduler import AVScheduler, Unit
+from rtc_server.media.viseme_estimator import EstimatorStream, shared_estimator
 from rtc_server.providers.base import TTS
 
 
@@ -131,6 +132,8 @@ class SpeechOutput:
                     first = True
                     # One resampler per sentence: its chunks join as one stream would.
                     resampler: StreamResampler | None = None
+                    # And one estimator, for a voice that gives no phoneme timing.
+                    estimating: EstimatorStream | None = None
                     async for chunk in chunks:
                         if first:
                             # TTS voices lead with up to a few hundred ms of silence: time
@@ -144,6 +147,14 @@ class SpeechOutput:
                             if resampler is not None:
                                 await self._push(seg, resampler.flush())
                             resampler = StreamResampler(chunk.sample_rate, rate)
+                        if not chunk.phonemes and len(chunk.pcm):
+                            if estimating is None:
+                                estimating = _estimator_stream(chunk.sample_rate)
+                            if estimating is not None:
+                                spans = await loop.run_in_executor(
+                                    self._executor, estimating.feed, chunk.pcm
+                                )
+                                chunk = AudioChunk(chunk.pcm, chunk.sample_rate, spans)
                         # The chunk's sound comes out that much later than it went in.
                         phonemes = _shifted(chunk.phonemes, resampler.behind_s)
                         pcm = await loop.run_in_executor(self._executor, resampler.feed, chunk.pcm)
@@ -175,6 +186,11 @@ class SpeechOutput:
         """Stop counting for ``utterance``; frames of its still in flight count as stale."""
         for seg in utterance.segments:
             self._segments.pop(seg.segment_id, None)
+
+
+def _estimator_stream(sample_rate: int) -> EstimatorStream | None:
+    model = shared_estimator()
+    return model.stream(sample_rate) if model is not None else None
 
 
 def _shifted(spans: tuple[PhonemeSpan, ...], seconds: float) -> tuple[PhonemeSpan, ...]:

@@ -141,6 +141,9 @@ def test_bench_visemes(tmp_path: Path) -> None:
     assert timing["voice_has_timing"] and timing["phonemes_per_s"] > 5
     assert timing["plain_cpu_ms_per_s"] > 0 and timing["timed_cpu_ms_per_s"] > 0
     assert stream["with_stream_cpu_ms_per_s"] > stream["scheduler_cpu_ms_per_s"] > 0
+    estimate = r["estimate"]
+    assert estimate["lip_phonemes"] >= 40 and 0 <= estimate["found"] <= 1
+    assert estimate["cpu_ms_per_s"] > 0
 
 
 def test_bench_call(tmp_path: Path) -> None:

@@ -70,6 +70,7 @@ def test_the_wheel_carries_the_pages_inside_the_package(tmp_path: Path) -> None:
         expected = {f"rtc_server/{folder}/{p.name}" for p in (ROOT / folder).iterdir()}
         assert expected and expected <= names, sorted(expected - names)
     assert not any(n.startswith(("static/", "templates/")) for n in names)
+    assert "rtc_server/media/viseme_estimator.npz" in names  # the estimator's weights
 
 
 def test_the_http_stack_floor_is_past_its_known_smuggling_fixes() -> None:
