@@ -6,6 +6,8 @@
 * **Estimated from the audio**: the viseme estimator on the held-out sentences (as spoken by
   the voice): how many of the voice's own bilabials and labiodentals it finds within 40 ms,
   how many it finds are real, and its CPU per second of speech.
+* **From character timing** (ElevenLabs): the held-out sentences' characters, timed 15 a
+  second, turned into phonemes with the word cache empty (CPU per second of speech).
 * **The viseme stream**: a scheduler playing speech with phonemes on a hand-moved clock, with
   and without a viseme stream in both forms (CPU per second of speech).
 """
@@ -87,6 +89,28 @@ def _estimation(tts: PiperTTS) -> dict[str, Any]:
     }
 
 
+def _characters() -> dict[str, Any]:
+    from rtc_server.providers.char_phonemes import CharacterTiming, phonemize_word
+
+    phonemize_word.cache_clear()
+    seconds = 0.0
+    spans = 0
+    cpu = time.process_time()
+    for text in HELD_OUT:
+        step = 1 / 15
+        timing = CharacterTiming()
+        timing.add(
+            list(text),
+            [i * step for i in range(len(text))],
+            [(i + 1) * step for i in range(len(text))],
+        )
+        timing.finish(len(text) * step)
+        spans += len(timing.take())
+        seconds += len(text) * step
+    cpu = time.process_time() - cpu
+    return {"speech_s": seconds, "spans": spans, "cpu_ms_per_s": cpu / seconds * 1000}
+
+
 async def _synthesize(tts: PiperTTS, texts: list[str]) -> tuple[float, float, list[AudioChunk]]:
     """(CPU seconds, seconds of speech, chunks) of ``texts`` spoken one after another."""
     chunks: list[AudioChunk] = []
@@ -166,7 +190,12 @@ def run(repeats: int = 3) -> dict[str, Any]:
     timing = _timing(repeats)
     tts = PiperTTS.load(deterministic=True)
     chunks = asyncio.run(_synthesize(tts, [PARAGRAPH] * 2))[2]
-    return {"timing": timing, "estimate": _estimation(tts), "stream": _stream(chunks)}
+    return {
+        "timing": timing,
+        "estimate": _estimation(tts),
+        "characters": _characters(),
+        "stream": _stream(chunks),
+    }
 
 
 def rows(result: dict[str, Any]) -> list[tuple[str, float, str]]:
@@ -176,6 +205,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, float, str]]:
         ("Piper, as published", t["plain_cpu_ms_per_s"], "synthesis"),
         ("Piper, with phoneme timing", t["timed_cpu_ms_per_s"], "synthesis"),
         ("estimated from the audio", result["estimate"]["cpu_ms_per_s"], "viseme estimator"),
+        ("from character timing", result["characters"]["cpu_ms_per_s"], "ElevenLabs, no cache"),
         ("scheduler alone", s["scheduler_cpu_ms_per_s"], "playing"),
         ("scheduler + viseme stream", s["with_stream_cpu_ms_per_s"], "playing, JSON + binary"),
     ]

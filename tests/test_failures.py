@@ -41,6 +41,7 @@ from tests.vendor_servers import (
     Reply,
     VendorServer,
     chat_stream,
+    elevenlabs_line,
     tone,
 )
 
@@ -206,7 +207,7 @@ async def test_llm_failing_mid_reply(
 
 
 TTS_NOTE = "the part sent before the failure heard, error event, apology in the local voice"
-TTS_PART = tone(0.3, 24_000)
+TTS_PART = elevenlabs_line(tone(0.3, 24_000))  # a line of the stream with timestamps
 """The part of the first sentence the TTS sends before failing."""
 
 TTS_FAULTS: dict[str, tuple[Reply, str]] = {
@@ -216,7 +217,7 @@ TTS_FAULTS: dict[str, tuple[Reply, str]] = {
         "connection",
     ),
     "TTS sends a torn sample (odd byte count) mid-sentence": (
-        Reply(pieces=[TTS_PART, b"\x01"]),
+        Reply(pieces=[TTS_PART, elevenlabs_line(b"\x01")]),
         "bad_response",
     ),
 }

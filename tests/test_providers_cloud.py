@@ -39,6 +39,7 @@ from tests.vendor_servers import (
     VendorServer,
     chat_chunk,
     elevenlabs_error,
+    elevenlabs_line,
     openai_error,
     split,
     sse,
@@ -139,7 +140,7 @@ CASES = [
         _audio,
         lambda v: tone(v.speech_seconds, 24_000),
         stream=lambda tts: tts.synthesize("Hello there."),
-        first_piece=lambda: tone(0.1, 24_000),
+        first_piece=lambda: elevenlabs_line(tone(0.1, 24_000)),
     ),
 ]
 STREAMING = [case for case in CASES if case.stream is not None]
@@ -707,7 +708,7 @@ async def test_elevenlabs_request_follows_the_stream_protocol(
     )
     chunks = [chunk async for chunk in tts.synthesize("Hello there.")]
     (request,) = server.seen(ELEVENLABS)
-    assert request.path == f"/v1/text-to-speech/{DEFAULT_VOICE_ID}/stream"
+    assert request.path == f"/v1/text-to-speech/{DEFAULT_VOICE_ID}/stream/with-timestamps"
     assert request.query == {"output_format": "pcm_24000"}
     assert request.headers["xi-api-key"] == ELEVENLABS_KEY
     assert "Authorization" not in request.headers
@@ -728,10 +729,13 @@ async def test_elevenlabs_output_format_sets_the_rate(
         policy=FAST,
     )
     assert tts.sample_rate == 16_000
-    chunks = [chunk async for chunk in tts.synthesize("Hi")]
+    # (Several words: a word's audio waits for the word's end, when its timing is known.)
+    chunks = [chunk async for chunk in tts.synthesize("Hi there, all.")]
     _assert_chunks(chunks, 16_000, tone(server.speech_seconds, 16_000))
     (request,) = server.seen(ELEVENLABS)
-    assert request.raw_path == "/v1/text-to-speech/voice%2Fwith%20odd%20chars/stream"
+    assert request.raw_path == (
+        "/v1/text-to-speech/voice%2Fwith%20odd%20chars/stream/with-timestamps"
+    )
     assert request.query == {"output_format": "pcm_16000"}
     assert request.json["model_id"] == "eleven_turbo_v2_5"
 

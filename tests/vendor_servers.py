@@ -11,6 +11,7 @@ paths, headers, bodies and connection reuse.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import math
 import time
@@ -136,6 +137,50 @@ def tone(seconds: float, sample_rate: int) -> bytes:
     return (np.sin(2 * math.pi * 220 * t) * 8000).astype("<i2").tobytes()
 
 
+def elevenlabs_line(
+    pcm: bytes,
+    chars: Sequence[str] = (),
+    starts: Sequence[float] = (),
+    ends: Sequence[float] = (),
+    *,
+    normalized: bool = True,
+) -> bytes:
+    """One line of ElevenLabs' stream with timestamps: audio, and when its characters sound."""
+    alignment: dict[str, Any] | None = None
+    if chars:
+        alignment = {
+            "characters": list(chars),
+            "character_start_times_seconds": [round(t, 3) for t in starts],
+            "character_end_times_seconds": [round(t, 3) for t in ends],
+        }
+    message = {
+        "audio_base64": base64.b64encode(pcm).decode(),
+        "alignment": alignment,
+        "normalized_alignment": alignment if normalized else None,
+    }
+    return json.dumps(message).encode() + b"\n"
+
+
+def elevenlabs_lines(pcm: bytes, rate: int, text: str, samples: int = 2400) -> list[bytes]:
+    """``pcm`` as ElevenLabs streams it with timestamps: pieces of ``samples``, each with the
+    characters of ``text`` that sound in it (spread evenly over the audio)."""
+    seconds = len(pcm) / 2 / rate
+    step = seconds / max(1, len(text))
+    lines = []
+    for at in range(0, len(pcm) // 2, samples):
+        a, b = at / rate, min(at + samples, len(pcm) // 2) / rate
+        mine = [i for i in range(len(text)) if a <= i * step < b]
+        lines.append(
+            elevenlabs_line(
+                pcm[2 * at : 2 * (at + samples)],
+                [text[i] for i in mine],
+                [i * step for i in mine],
+                [(i + 1) * step for i in mine],
+            )
+        )
+    return lines
+
+
 def split(data: bytes, sizes: Sequence[int]) -> list[bytes]:
     """``data`` cut into pieces of the given sizes, cycling; odd sizes split samples."""
     pieces, i, k = [], 0, 0
@@ -196,7 +241,9 @@ class VendorServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
         app.router.add_post("/v1/audio/speech", self._speech)
-        app.router.add_post("/v1/text-to-speech/{voice_id}/stream", self._elevenlabs)
+        app.router.add_post(
+            "/v1/text-to-speech/{voice_id}/stream/with-timestamps", self._elevenlabs
+        )
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -267,8 +314,10 @@ class VendorServer:
         output_format = request.query.get("output_format", "mp3_44100_128")
         if not output_format.startswith("pcm_") or not body.get("text"):
             return self._violation(f"expected text and a pcm_ output_format: {request.query}")
-        pcm = split(tone(self.speech_seconds, int(output_format[4:])), [1001, 999, 4096, 3])
-        return await self._send(request, self._next(ELEVENLABS), pcm, "audio/pcm")
+        lines = elevenlabs_lines(
+            tone(self.speech_seconds, int(output_format[4:])), int(output_format[4:]), body["text"]
+        )
+        return await self._send(request, self._next(ELEVENLABS), lines, "application/json")
 
     # --- machinery ----------------------------------------------------------------------------
 
