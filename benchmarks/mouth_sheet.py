@@ -30,7 +30,8 @@ TILES = 48
 PER_ROW = 16
 
 
-async def _frames(avatar: WarpAvatar, chunks: list[AudioChunk], timed: bool) -> list[U8]:
+async def speaking_frames(avatar: WarpAvatar, chunks: list[AudioChunk], timed: bool) -> list[U8]:
+    """The warp engine's frames of ``chunks`` (one segment), with their phonemes if ``timed``."""
     engine = WarpEngine(avatar)
     for c in chunks:
         pcm = resample_int16(c.pcm, c.sample_rate, engine.sample_rate)
@@ -58,7 +59,7 @@ async def _render(text: str) -> U8:
     pad = int(0.6 * h)
     rows = []
     for timed in (False, True):
-        frames = await _frames(avatar, chunks, timed)
+        frames = await speaking_frames(avatar, chunks, timed)
         tiles = []
         for k in range(TILES):
             frame = frames[min(k, len(frames) - 1)]

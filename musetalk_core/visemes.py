@@ -353,7 +353,7 @@ class VisemeTimeline:
         tucked = _smoothstep((w[..., 2] - _CONTACT) / 0.25)
         params[..., 3] = np.maximum(params[..., 3], closed)
         params[..., 4] = np.maximum(params[..., 4], tucked)
-        params[..., 0] *= (1.0 - closed) * (1.0 - 0.7 * tucked)
+        params[..., 0] *= (1.0 - closed) * (1.0 - 0.9 * tucked)
         return params.astype(np.float32)
 
 

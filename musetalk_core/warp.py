@@ -115,7 +115,15 @@ def _window(n: int) -> F32:
 
 
 _SEAL_LEVELS = 16
-"""Steps of :meth:`WarpRenderer.render`'s ``closed``: each step's sealed mouth is made once."""
+"""Steps of :meth:`WarpRenderer.render`'s ``closed`` and ``tucked``: each step's sealed or
+tucked mouth is made once."""
+TUCK_CLOSE = 0.5
+"""Share of the picture's lip gap the lower lip closes for "f": it stops at the upper teeth."""
+TUCK_ROLL = 0.5
+"""Share of the lower lip's height that rolls in under the teeth."""
+TUCK_TEETH = 0.2
+"""Height of the upper teeth's edge showing over the lower lip, in lower-lip heights."""
+TUCK_ENAMEL = np.array([222.0, 216.0, 204.0], np.float32)
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,7 @@ class WarpRenderer:
         self._blinks = _Blinks(np.random.default_rng(seed))
         self._fields: dict[int, _MouthFields] = {}
         self._seals: dict[int, U8] = {}
+        self._tucks: dict[int, U8] = {}
         self._canvas: I420Canvas | None = None
         """The base picture in I420, made on the first I420 render."""
 
@@ -226,11 +235,15 @@ class WarpRenderer:
         """The avatar at rest (mouth shut, eyes open): one shared, read-only array."""
         return self._still
 
-    def is_still(self, openness: float, t: float, *, closed: float = 0.0) -> bool:
-        """Does :meth:`render` at (``openness``, ``t``, ``closed``) give :attr:`still`?"""
+    def is_still(
+        self, openness: float, t: float, *, closed: float = 0.0, tucked: float = 0.0
+    ) -> bool:
+        """Does :meth:`render` at (``openness``, ``t``, ``closed``, ``tucked``) give
+        :attr:`still`?"""
         return (
             openness < 1.0 / 256
             and closed < 1.0 / 256
+            and tucked < 1.0 / 256
             and self.sway_px <= 0.0
             and self._blinks.amount(t) <= 0.0
         )
@@ -241,13 +254,19 @@ class WarpRenderer:
         return self._i420().base
 
     def render_i420(
-        self, openness: float, roundness: float, t: float, *, closed: float = 0.0
+        self,
+        openness: float,
+        roundness: float,
+        t: float,
+        *,
+        closed: float = 0.0,
+        tucked: float = 0.0,
     ) -> U8:
         """:meth:`render` in I420 (musetalk_core.i420), converting only the mouth and eye crops
         the render can change; the avatar at rest is always the same :attr:`still_i420`."""
-        if self.is_still(openness, t, closed=closed):
+        if self.is_still(openness, t, closed=closed, tucked=tucked):
             return self.still_i420
-        rgb = self.render(openness, roundness, t, closed=closed)
+        rgb = self.render(openness, roundness, t, closed=closed, tucked=tucked)
         changed = None if self.sway_px > 0.0 else self._changed
         return self._i420().convert(rgb, changed)
 
@@ -256,24 +275,38 @@ class WarpRenderer:
             self._canvas = I420Canvas(self._base)
         return self._canvas
 
-    def render(self, openness: float, roundness: float, t: float, *, closed: float = 0.0) -> U8:
+    def render(
+        self,
+        openness: float,
+        roundness: float,
+        t: float,
+        *,
+        closed: float = 0.0,
+        tucked: float = 0.0,
+    ) -> U8:
         """A uint8 RGB frame with the mouth at (openness, roundness) at time ``t`` seconds.
 
         ``closed`` (0..1) seals lips that the picture shows apart (a smile with teeth): the
         lower lip rises over the teeth to meet the upper one, the jaw with it, as for "m", "b"
-        and "p". A picture with closed lips is sealed already.
+        and "p". A picture with closed lips is sealed already. ``tucked`` (0..1) draws "f" and
+        "v": the lower lip drawn up and in under the upper teeth, which show over it.
 
         A new array, except for the avatar at rest, which is always the same :attr:`still`
         (read-only): consumers can tell an unchanged picture by identity.
         """
-        if self.is_still(openness, t, closed=closed):
+        if self.is_still(openness, t, closed=closed, tucked=tucked):
             return self._still
         out = self._base.copy()
         o = min(1.0, max(0.0, float(openness)))
         c = min(1.0, max(0.0, float(closed)))
+        k = min(1.0, max(0.0, float(tucked)))
         level = round(min(1.0, max(0.0, float(roundness))) * _ROUND_LEVELS)
-        step = round(c * _SEAL_LEVELS)
-        src = self._mouth_src if step == 0 else self._sealed(step)
+        if k > c:
+            step = round(k * _SEAL_LEVELS)
+            src = self._mouth_src if step == 0 else self._tucked(step)
+        else:
+            step = round(c * _SEAL_LEVELS)
+            src = self._mouth_src if step == 0 else self._sealed(step)
         # Below 1/256 the jaw moves by < 0.05 px: skip the work and keep the pixels exact. All
         # mouth motion, rounding included, scales with openness, so a shut mouth is the picture.
         if o >= 1.0 / 256:
@@ -369,6 +402,54 @@ class WarpRenderer:
         sealed *= (1.0 - 0.25 * line)[:, :, None]
         out = np.asarray(np.clip(sealed + 0.5, 0, 255), np.uint8)
         self._seals[step] = out
+        return out
+
+    def _tucked(self, step: int) -> U8:
+        """The picture's mouth crop with the lower lip ``step / _SEAL_LEVELS`` of the way to
+        "f": raised to the upper teeth (most of the gap closed), its upper part rolled in out
+        of sight, and the edge of the upper teeth showing over it (made once per step)."""
+        cached = self._tucks.get(step)
+        if cached is not None:
+            return cached
+        k = step / _SEAL_LEVELS
+        a = self.avatar
+        # The lower lip's height mid-mouth (inner to outer contour), tapering to the corners.
+        lip_h = max(2.0, float(a.landmarks[17, 1] - a.landmarks[14, 1]))
+        taper = np.clip(1.0 - a.mouth_u**2, 0.0, 1.0) ** 0.75
+        close = k * TUCK_CLOSE * a.mouth_gap
+        # The lip rises by ``close``; what shows of it starts ``rolled`` below its edge.
+        lift = close + k * TUCK_ROLL * lip_h * taper
+        dy = self._rows - a.mouth_seam[None, :]
+        covered = np.clip(dy + close[None, :] + 0.5, 0.0, 1.0) * (dy <= 0)
+        follow = np.where(dy > 0, np.maximum(a.mouth_lower, (dy <= 1.0)), covered)
+        map_y = (a.mouth_grid_y + lift[None, :] * follow).astype(np.float32)
+        tuck = np.asarray(
+            cv2.remap(
+                self._mouth_src,
+                a.mouth_grid_x,
+                map_y,
+                cv2.INTER_LINEAR,
+                borderMode=cv2.BORDER_REPLICATE,
+            ),
+            np.float32,
+        )
+        # The upper teeth's edge over the lip: a band below where the lips now meet, brightest
+        # mid-mouth, with a shadow under it where the lip is pressed in.
+        meet = a.mouth_seam[None, :] - close[None, :]
+        # Where the picture shows its own teeth between the lips, they are that edge.
+        own = np.clip(1.0 - a.mouth_gap / 2.0, 0.0, 1.0)
+        band = k * TUCK_TEETH * lip_h * (taper * own)[None, :]
+        inside = np.clip(self._rows - meet + 0.5, 0.0, 1.0) * np.clip(
+            meet + band - self._rows + 0.5, 0.0, 1.0
+        )
+        inside *= np.clip(2.0 * taper, 0.0, 1.0)[None, :] * a.mouth_mask
+        # The picture's teeth colour is a guess when it shows none: an enamel white then.
+        enamel = a.teeth_rgb if a.teeth_hint == 0.0 else TUCK_ENAMEL
+        tuck += inside[:, :, None] * (enamel[None, None, :] - tuck)
+        shadow = np.exp(-(((self._rows - meet - band - 0.7) / 0.9) ** 2)) * k * taper[None, :]
+        tuck *= (1.0 - 0.3 * shadow * a.mouth_mask)[:, :, None]
+        out = np.asarray(np.clip(tuck + 0.5, 0, 255), np.uint8)
+        self._tucks[step] = out
         return out
 
     def _draw_mouth(self, out: U8, openness: float, level: int, src: U8) -> None:

@@ -27,8 +27,9 @@ from .warp_avatar import WarpAvatar
 
 __all__ = ["WarpEngine"]
 
-Mouth = tuple[float, float, float]
-"""(openness, roundness, closed), as :meth:`~musetalk_core.warp.WarpRenderer.render` takes."""
+Mouth = tuple[float, float, float, float]
+"""(openness, roundness, closed, tucked), as :meth:`~musetalk_core.warp.WarpRenderer.render`
+takes them."""
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -82,7 +83,7 @@ class WarpEngine:
         self._index = 0
         self._render_s = 0.005  # first guess until frames are timed: a few ms on one core
         self._closed = False
-        self._last_mouth: Mouth = (0.0, 0.0, 0.0)
+        self._last_mouth: Mouth = (0.0, 0.0, 0.0, 0.0)
         """The mouth of the last speaking frame yielded."""
         self._relax_step = 0
         """Idle frames yielded since it."""
@@ -97,8 +98,8 @@ class WarpEngine:
             return None
         x = step / frames
         keep = 1.0 - x * x * (3.0 - 2.0 * x)
-        o, r, c = self._last_mouth
-        return (o * keep, r, c * keep)
+        o, r, c, k = self._last_mouth
+        return (o * keep, r, c * keep, k * keep)
 
     @property
     def fps(self) -> int:
@@ -156,21 +157,23 @@ class WarpEngine:
         :mod:`musetalk_core.visemes`), else from the loudness and spectrum of its audio; an
         idle frame right after speech shows ``relax``, the mouth on its way to rest."""
         start = time.perf_counter()
-        closed = 0.0
+        closed = tucked = 0.0
         if piece is None:
-            openness, roundness, closed = relax if relax is not None else (0.0, 0.0, 0.0)
+            openness, roundness, closed, tucked = relax if relax is not None else (0.0,) * 4
         elif piece.timeline is not None and len(piece.timeline):
             mouth = piece.timeline.mouth(piece.time)
             loud, _ = mouth_shape(piece.pcm, self._sample_rate)
             # The shape from the phonemes, how far it opens also from the voice's loudness:
             # a stressed vowel opens wider than the same vowel unstressed.
-            openness = math.sqrt(float(mouth[0]) * loud)
-            roundness, closed = float(mouth[1]), float(mouth[3])
+            roundness, closed, tucked = float(mouth[1]), float(mouth[3]), float(mouth[4])
+            # A lip on the teeth holds the jaw nearly shut, however loud the sound: the square
+            # root would let a tenth of an opening through as a third.
+            openness = math.sqrt(float(mouth[0]) * loud) * (1.0 - 0.8 * tucked)
         else:
             openness, roundness = mouth_shape(piece.pcm, self._sample_rate)
         render = self._renderer.render_i420 if self._i420 else self._renderer.render
-        image = render(openness, roundness, t, closed=closed)
-        return image, time.perf_counter() - start, (openness, roundness, closed)
+        image = render(openness, roundness, t, closed=closed, tucked=tucked)
+        return image, time.perf_counter() - start, (openness, roundness, closed, tucked)
 
     async def frames(self) -> AsyncGenerator[AvatarFrame, None]:
         """Yield (image, 1/fps of audio) pairs forever; idle frames when nothing is queued."""
