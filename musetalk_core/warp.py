@@ -26,6 +26,7 @@ import numpy.typing as npt
 from .boxes import Box
 from .i420 import I420Canvas
 from .warp_avatar import WarpAvatar
+from .warp_lips import LEVELS, sealed_mouth, tucked_mouth
 
 __all__ = ["PIXEL_FORMATS", "WarpRenderer", "mouth_shape"]
 
@@ -114,18 +115,6 @@ def _window(n: int) -> F32:
     return w
 
 
-_SEAL_LEVELS = 16
-"""Steps of :meth:`WarpRenderer.render`'s ``closed`` and ``tucked``: each step's sealed or
-tucked mouth is made once."""
-TUCK_CLOSE = 0.5
-"""Share of the picture's lip gap the lower lip closes for "f": it stops at the upper teeth."""
-TUCK_ROLL = 0.5
-"""Share of the lower lip's height that rolls in under the teeth."""
-TUCK_TEETH = 0.2
-"""Height of the upper teeth's edge showing over the lower lip, in lower-lip heights."""
-TUCK_ENAMEL = np.array([222.0, 216.0, 204.0], np.float32)
-
-
 @dataclass(frozen=True)
 class _MouthFields:
     """Warp fields and cavity shading for one roundness level, in mouth-crop coordinates."""
@@ -189,8 +178,7 @@ class WarpRenderer:
         self._still.flags.writeable = False
         self._blinks = _Blinks(np.random.default_rng(seed))
         self._fields: dict[int, _MouthFields] = {}
-        self._seals: dict[int, U8] = {}
-        self._tucks: dict[int, U8] = {}
+        self._contacts: dict[tuple[str, int], U8] = {}
         self._canvas: I420Canvas | None = None
         """The base picture in I420, made on the first I420 render."""
 
@@ -301,12 +289,9 @@ class WarpRenderer:
         c = min(1.0, max(0.0, float(closed)))
         k = min(1.0, max(0.0, float(tucked)))
         level = round(min(1.0, max(0.0, float(roundness))) * _ROUND_LEVELS)
-        if k > c:
-            step = round(k * _SEAL_LEVELS)
-            src = self._mouth_src if step == 0 else self._tucked(step)
-        else:
-            step = round(c * _SEAL_LEVELS)
-            src = self._mouth_src if step == 0 else self._sealed(step)
+        kind, amount = ("tucked", k) if k > c else ("sealed", c)
+        step = round(amount * LEVELS)
+        src = self._mouth_src if step == 0 else self._contact(kind, step)
         # Below 1/256 the jaw moves by < 0.05 px: skip the work and keep the pixels exact. All
         # mouth motion, rounding included, scales with openness, so a shut mouth is the picture.
         if o >= 1.0 / 256:
@@ -371,86 +356,15 @@ class WarpRenderer:
         self._fields[level] = fields
         return fields
 
-    def _sealed(self, step: int) -> U8:
-        """The picture's mouth crop with its lips brought together by ``step / _SEAL_LEVELS``
-        of their gap (made once per step)."""
-        cached = self._seals.get(step)
-        if cached is not None:
-            return cached
-        c = step / _SEAL_LEVELS
-        a = self.avatar
-        lift = c * a.mouth_gap  # per column
-        dy = self._rows - a.mouth_seam[None, :]
-        # The rows the rising lower lip now covers (anti-aliased edge), then the lip and the
-        # jaw below it, following the jaw's own profile.
-        covered = np.clip(dy + lift[None, :] + 0.5, 0.0, 1.0) * (dy <= 0)
-        follow = np.where(dy > 0, np.maximum(a.mouth_lower, (dy <= 1.0)), covered)
-        map_y = (a.mouth_grid_y + lift[None, :] * follow).astype(np.float32)
-        sealed = np.asarray(
-            cv2.remap(
-                self._mouth_src,
-                a.mouth_grid_x,
-                map_y,
-                cv2.INTER_LINEAR,
-                borderMode=cv2.BORDER_REPLICATE,
-            ),
-            np.float32,
-        )
-        # Pressed lips: a faint shadow where they meet.
-        meet = a.mouth_seam[None, :] - lift[None, :]
-        line = np.exp(-(((self._rows - meet) / 0.8) ** 2)) * (c * (a.mouth_gap > 0.5))[None, :]
-        sealed *= (1.0 - 0.25 * line)[:, :, None]
-        out = np.asarray(np.clip(sealed + 0.5, 0, 255), np.uint8)
-        self._seals[step] = out
-        return out
-
-    def _tucked(self, step: int) -> U8:
-        """The picture's mouth crop with the lower lip ``step / _SEAL_LEVELS`` of the way to
-        "f": raised to the upper teeth (most of the gap closed), its upper part rolled in out
-        of sight, and the edge of the upper teeth showing over it (made once per step)."""
-        cached = self._tucks.get(step)
-        if cached is not None:
-            return cached
-        k = step / _SEAL_LEVELS
-        a = self.avatar
-        # The lower lip's height mid-mouth (inner to outer contour), tapering to the corners.
-        lip_h = max(2.0, float(a.landmarks[17, 1] - a.landmarks[14, 1]))
-        taper = np.clip(1.0 - a.mouth_u**2, 0.0, 1.0) ** 0.75
-        close = k * TUCK_CLOSE * a.mouth_gap
-        # The lip rises by ``close``; what shows of it starts ``rolled`` below its edge.
-        lift = close + k * TUCK_ROLL * lip_h * taper
-        dy = self._rows - a.mouth_seam[None, :]
-        covered = np.clip(dy + close[None, :] + 0.5, 0.0, 1.0) * (dy <= 0)
-        follow = np.where(dy > 0, np.maximum(a.mouth_lower, (dy <= 1.0)), covered)
-        map_y = (a.mouth_grid_y + lift[None, :] * follow).astype(np.float32)
-        tuck = np.asarray(
-            cv2.remap(
-                self._mouth_src,
-                a.mouth_grid_x,
-                map_y,
-                cv2.INTER_LINEAR,
-                borderMode=cv2.BORDER_REPLICATE,
-            ),
-            np.float32,
-        )
-        # The upper teeth's edge over the lip: a band below where the lips now meet, brightest
-        # mid-mouth, with a shadow under it where the lip is pressed in.
-        meet = a.mouth_seam[None, :] - close[None, :]
-        # Where the picture shows its own teeth between the lips, they are that edge.
-        own = np.clip(1.0 - a.mouth_gap / 2.0, 0.0, 1.0)
-        band = k * TUCK_TEETH * lip_h * (taper * own)[None, :]
-        inside = np.clip(self._rows - meet + 0.5, 0.0, 1.0) * np.clip(
-            meet + band - self._rows + 0.5, 0.0, 1.0
-        )
-        inside *= np.clip(2.0 * taper, 0.0, 1.0)[None, :] * a.mouth_mask
-        # The picture's teeth colour is a guess when it shows none: an enamel white then.
-        enamel = a.teeth_rgb if a.teeth_hint == 0.0 else TUCK_ENAMEL
-        tuck += inside[:, :, None] * (enamel[None, None, :] - tuck)
-        shadow = np.exp(-(((self._rows - meet - band - 0.7) / 0.9) ** 2)) * k * taper[None, :]
-        tuck *= (1.0 - 0.3 * shadow * a.mouth_mask)[:, :, None]
-        out = np.asarray(np.clip(tuck + 0.5, 0, 255), np.uint8)
-        self._tucks[step] = out
-        return out
+    def _contact(self, kind: str, step: int) -> U8:
+        """The mouth crop of a lip contact (``"sealed"`` or ``"tucked"``) at ``step`` of
+        :data:`~musetalk_core.warp_lips.LEVELS`, made once."""
+        cached = self._contacts.get((kind, step))
+        if cached is None:
+            make = sealed_mouth if kind == "sealed" else tucked_mouth
+            cached = make(self._mouth_src, self.avatar, self._rows, step / LEVELS)
+            self._contacts[(kind, step)] = cached
+        return cached
 
     def _draw_mouth(self, out: U8, openness: float, level: int, src: U8) -> None:
         a = self.avatar
