@@ -2,12 +2,26 @@
 
 The stream answers one JSON object per line: a piece of the audio (``audio_base64``, s16le in
 the requested ``output_format``) and when the characters it speaks sound (``alignment``, and
-``normalized_alignment`` for the text as spoken, numbers spelled out: preferred). The
-characters become phonemes (``char_phonemes.py``), so the chunks yielded carry the phonemes of
-their own samples: a chunk goes out once its audio and the timing of that audio are both in.
-Audio is never held for timing that does not come: a stream with no alignment at all flows at
-once without phonemes (the speech output then estimates them from the sound), and audio more
-than :data:`MAX_HOLD_S` ahead of its timing goes out without it.
+``normalized_alignment`` for the text as spoken, numbers spelled out: preferred when present),
+times from the start of the request's audio. The characters become phonemes
+(``char_phonemes.py``), so each chunk yielded carries the phonemes of its own samples, on its
+own clock, cut where the chunk is cut and covering it end to end; or none at all, for audio
+whose timing never came. The rules:
+
+* A chunk goes out once its audio and that audio's phonemes are both in: audio is held while
+  its word is still being spoken (up to ``char_phonemes.MAX_WORD_S``), and audio the service
+  has not timed yet waits at most :data:`MAX_HOLD_S` for its characters, which may come a
+  message after it.
+* Audio is not held for timing that is not coming. Before the first character arrives, and
+  after the characters fell more than :data:`MAX_HOLD_S` behind, audio flows as it comes,
+  without phonemes (the speech output then estimates them from the sound), until characters
+  arrive again for audio not yet given out.
+* At the end, the last word is timed and everything left goes out; audio past the last
+  character (beyond the millisecond the times are rounded to) goes without phonemes.
+
+A sample split between two messages is joined; a stream whose bytes do not add up to whole
+samples, a line that is not a JSON object, audio that is not base64 or an alignment that is
+not one are the provider's ``bad_response`` errors, as is a stream without audio.
 """
 
 from __future__ import annotations
@@ -39,7 +53,11 @@ PCM_FORMATS = {
 }
 
 MAX_HOLD_S = 0.5
-"""Longest audio waits for its character timing (which may lag it by a message or two)."""
+"""Longest audio the service has not timed yet waits for its characters (which may come a
+message or two after it) before it goes out without them."""
+_ROUNDING_S = 0.002
+"""The service gives its times to the millisecond: a tail this short past the last character is
+the rounding, and rests."""
 MAX_LINE_BYTES = 4 << 20
 """Longest line of the stream: a message is tens of kilobytes."""
 
@@ -47,10 +65,11 @@ DEFAULT_VOICE_ID = "JBFqnCBsd6RMkjVDRZzb"  # "George", the premade voice of Elev
 
 
 class ElevenLabsTTS:
-    """Synthesizes with ``POST {base_url}/v1/text-to-speech/{voice_id}/stream``.
+    """Synthesizes with ``POST {base_url}/v1/text-to-speech/{voice_id}/stream/with-timestamps``.
 
     Audio comes back as raw PCM in the requested ``output_format`` and is yielded in chunks of
-    at least ``min_chunk_ms`` as it arrives.
+    at least ``min_chunk_ms`` (but maybe the last, and one cut where timed audio meets untimed)
+    as it arrives, each with its phonemes (see the module docstring).
 
     Args:
         session: the app's shared connection pool.
@@ -154,13 +173,17 @@ class _TimedAudio:
         self.rate = rate
         self.provider, self.vendor = provider, vendor
         self.min_samples = max(1, rate * min_chunk_ms // 1000)
+        self.hold = round(MAX_HOLD_S * rate)
         self.timing = CharacterTiming()
-        self.timed = False
-        """Some message had character timing."""
+        self.flowing = True
+        """Audio goes out as it comes, timed or not: no timing yet, or it fell behind."""
         self.pending = np.zeros(0, np.int16)
         self.pending_from = 0
         """The stream sample of ``pending[0]``."""
+        self.received = 0
+        """Bytes of audio in the stream so far."""
         self.spans: list[PhonemeSpan] = []
+        """Phonemes on the stream's clock, from before ``pending_from`` on."""
         self.odd = b""
 
     def take(self, message: dict[str, Any]) -> None:
@@ -173,6 +196,7 @@ class _TimedAudio:
                 data = self.odd + base64.b64decode(audio, validate=True)
             except (binascii.Error, ValueError):
                 raise bad_response(provider, vendor, "audio_base64 is not base64") from None
+            self.received += len(data) - len(self.odd)
             usable = len(data) & ~1
             self.odd = data[usable:]
             pcm = np.frombuffer(data[:usable], dtype="<i2").astype(np.int16)
@@ -186,32 +210,42 @@ class _TimedAudio:
                 self.timing.add(chars, starts, ends)
             except (KeyError, TypeError, ValueError) as exc:
                 raise bad_response(provider, vendor, f"a malformed alignment: {exc}") from None
-            self.timed = True
+            if self._samples(self.timing.chars_until) > self.pending_from:
+                self.flowing = False  # timing for audio still here: worth waiting for
         self.spans += self.timing.take()
 
     def ready(self, *, final: bool = False) -> list[AudioChunk]:
+        """The chunks that can go out now; with ``final``, all that is left."""
+        total = self.pending_from + len(self.pending)
         if final:
             if self.odd:
                 raise bad_response(self.provider, self.vendor, "odd PCM byte count")
-            end = (self.pending_from + len(self.pending)) / self.rate
-            self.timing.finish(end)
+            if not self.received:
+                raise bad_response(self.provider, self.vendor, "no audio in the response")
+            self.timing.finish()
+            tail = total / self.rate - self.timing.known_until
+            if self.timing.chars_until > 0 and tail <= _ROUNDING_S:
+                self.timing.finish(total / self.rate)
             self.spans += self.timing.take()
-        total = self.pending_from + len(self.pending)
-        known = int(self.timing.known_until * self.rate + 1e-6) if self.timed else 0
+        known = min(total, self._samples(self.timing.known_until))
+        timed_by_service = max(known, self._samples(self.timing.chars_until))
+        if not (final or self.flowing) and total - timed_by_service > self.hold:
+            self.flowing = True  # the timing fell behind: stop holding audio for it
+        untimed = total - max(known, self.pending_from)
+        untimed_out = (final or self.flowing) and untimed >= (1 if final else self.min_samples)
         out: list[AudioChunk] = []
-        if known > self.pending_from:
-            out += self._give(min(known, total), timed=True, final=final)
-        # Untimed: all of it when no timing ever came (after the first message), or what has
-        # waited longer than MAX_HOLD_S for it.
-        hold = 0 if final or not self.timed else int(MAX_HOLD_S * self.rate)
-        if total - hold > self.pending_from:
-            out += self._give(total - hold, timed=False, final=final)
+        # Timed audio waits to make a chunk of min_chunk_ms, unless untimed audio follows now.
+        if known - self.pending_from >= (1 if final or untimed_out else self.min_samples):
+            out.append(self._give(known, timed=True))
+        if untimed_out:
+            out.append(self._give(total, timed=False))
         return out
 
-    def _give(self, until: int, *, timed: bool, final: bool) -> list[AudioChunk]:
+    def _samples(self, seconds: float) -> int:
+        return int(seconds * self.rate + 1e-6)
+
+    def _give(self, until: int, *, timed: bool) -> AudioChunk:
         n = until - self.pending_from
-        if n <= 0 or (n < self.min_samples and not final):
-            return []
         pcm, self.pending = self.pending[:n], self.pending[n:]
         a, b = self.pending_from / self.rate, until / self.rate
         self.pending_from = until
@@ -223,4 +257,4 @@ class _TimedAudio:
                 if s.end > a and s.start < b
             )
         self.spans = [s for s in self.spans if s.end > b]
-        return [AudioChunk(pcm, self.rate, phonemes)]
+        return AudioChunk(pcm, self.rate, phonemes)
