@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -43,6 +44,9 @@ from signaling.headers import security_headers_middleware
 from signaling.http import add_routes
 from signaling.messages import Answer, Offer, SayRequest
 
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
 logger = logging.getLogger(__name__)
 
 
@@ -61,6 +65,8 @@ class SessionManager:
         self.sessions: dict[str, AvatarSession] = {}
         self.engine_factory: EngineFactory | None = None
         self.providers: Providers | None = None
+        self.openai: AsyncOpenAI | None = None
+        """The SDK client the OpenAI providers share; closed at shutdown."""
         self.choices: tuple[Choice, ...] = ()
         self.settings = ListenSettings(
             vad=VADParams(hangover_ms=config.conversation.vad_hangover_ms),
@@ -97,6 +103,7 @@ class SessionManager:
         chosen = await loop.run_in_executor(
             self.executor, load_providers, self.config, http, self.executor
         )
+        self.openai = chosen.openai
         vad = await loop.run_in_executor(self.executor, SileroModel.shared)
         factory = await loop.run_in_executor(self.executor, engine_loader)
         if factory.start is not None:
@@ -342,6 +349,8 @@ def create_app(
         await manager.close_all()
         if manager.engine_factory is not None and manager.engine_factory.close is not None:
             manager.engine_factory.close()
+        if manager.openai is not None:
+            await manager.openai.close()
         await http.close()
         executor.shutdown(wait=True, cancel_futures=True)
 

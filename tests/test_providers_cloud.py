@@ -16,16 +16,19 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from openai import AsyncOpenAI
 
 from rtc_server.providers.base import LLM, STT, TTS, ChatMessage, ProviderError
 from rtc_server.providers.elevenlabs_tts import DEFAULT_VOICE_ID, ElevenLabsTTS
 from rtc_server.providers.http import (
+    DEFAULT_POLICY,
     HTTPPolicy,
     parse_retry_after,
     status_error,
     vendor_detail,
 )
 from rtc_server.providers.openai_llm import OpenAILLM, SSEDecoder
+from rtc_server.providers.openai_sdk import OPENAI_BASE_URL, openai_client
 from rtc_server.providers.openai_stt import OpenAISTT
 from rtc_server.providers.openai_tts import OpenAITTS
 from tests.vendor_servers import (
@@ -73,6 +76,25 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield client
 
 
+_clients: list[AsyncOpenAI] = []
+
+
+def _openai(
+    api_key: str, base_url: str = OPENAI_BASE_URL, policy: HTTPPolicy = DEFAULT_POLICY
+) -> AsyncOpenAI:
+    """An SDK client for the OpenAI providers of one test, closed after it."""
+    client = openai_client(api_key, base_url, policy)
+    _clients.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+async def _close_openai_clients() -> AsyncIterator[None]:
+    yield
+    while _clients:
+        await _clients.pop().close()
+
+
 # --- one table drives the behaviour every provider shares ---------------------------------------
 
 
@@ -105,7 +127,7 @@ CASES = [
         "openai-stt",
         TRANSCRIPTIONS,
         openai_error,
-        lambda s, v, p, k: OpenAISTT(s, api_key=k or OPENAI_KEY, base_url=v.openai_base, policy=p),
+        lambda s, v, p, k: OpenAISTT(_openai(k or OPENAI_KEY, v.openai_base, p), policy=p),
         lambda stt: stt.transcribe(UTTERANCE, 16_000),
         lambda v: v.transcript,
     ),
@@ -113,7 +135,7 @@ CASES = [
         "openai-llm",
         CHAT,
         openai_error,
-        lambda s, v, p, k: OpenAILLM(s, api_key=k or OPENAI_KEY, base_url=v.openai_base, policy=p),
+        lambda s, v, p, k: OpenAILLM(_openai(k or OPENAI_KEY, v.openai_base, p), policy=p),
         _text,
         lambda v: v.reply_deltas,
         stream=lambda llm: llm.stream(MESSAGES),
@@ -124,7 +146,7 @@ CASES = [
         "openai-tts",
         SPEECH,
         openai_error,
-        lambda s, v, p, k: OpenAITTS(s, api_key=k or OPENAI_KEY, base_url=v.openai_base, policy=p),
+        lambda s, v, p, k: OpenAITTS(_openai(k or OPENAI_KEY, v.openai_base, p), policy=p),
         _audio,
         lambda v: tone(v.speech_seconds, 24_000),
         stream=lambda tts: tts.synthesize("Hello there."),
@@ -251,6 +273,35 @@ async def test_one_connection_serves_sequential_requests(
 
 
 @all_cases
+async def test_a_redirect_is_not_followed(
+    case: Case, server: VendorServer, session: aiohttp.ClientSession
+) -> None:
+    moved = Reply(status=307, headers={"Location": f"{server.url}/elsewhere"}, body=b"")
+    server.script(case.route, moved)
+    with pytest.raises(ProviderError) as info:
+        await case.run(case.make(session, server, FAST, None))
+    assert (info.value.code, info.value.status, info.value.retryable) == (
+        "bad_request",
+        307,
+        False,
+    )
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: c.id)
+async def test_openai_without_a_key_sends_no_authorization(
+    case: Case, server: VendorServer, session: aiohttp.ClientSession
+) -> None:
+    # A local compatible server needs no key: nothing, not a placeholder, goes as a bearer.
+    provider = case.make(session, server, FAST, None)
+    keyless = type(provider)(_openai("", server.openai_base, FAST), policy=FAST)
+    with pytest.raises(ProviderError):  # the stand-in insists on its key
+        await case.run(keyless)
+    (request,) = server.seen(case.route)
+    assert "Authorization" not in request.headers
+
+
+@all_cases
 async def test_secrets_in_server_messages_are_never_logged(
     case: Case,
     server: VendorServer,
@@ -363,13 +414,33 @@ async def test_stall_mid_stream_times_out_as_final(
     assert len(server.seen(case.route)) == 1
 
 
+@streaming_cases
+async def test_a_trickling_stream_is_cut_at_the_total_timeout(
+    case: Case, server: VendorServer, session: aiohttp.ClientSession
+) -> None:
+    # Every piece comes within the read timeout, but the whole body would take 2 s.
+    assert case.stream is not None and case.first_piece is not None
+    policy = HTTPPolicy(read_timeout_s=1.0, total_timeout_s=0.3, backoff_initial_s=0.001)
+    server.script(case.route, Reply(pieces=[case.first_piece()] * 40, pace_s=0.05))
+    received = []
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(ProviderError) as info:
+        async with aclosing(case.stream(case.make(session, server, policy, None))) as items:
+            async for item in items:
+                received.append(item)
+    assert received and loop.time() - start < 1.0
+    assert (info.value.code, info.value.retryable) == ("timeout", False)
+    assert len(server.seen(case.route)) == 1
+
+
 # --- OpenAI chat completions --------------------------------------------------------------------
 
 
 async def test_llm_request_follows_the_chat_completions_protocol(
     server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
-    llm = OpenAILLM(session, api_key=OPENAI_KEY, base_url=server.openai_base + "/", policy=FAST)
+    llm = OpenAILLM(_openai(OPENAI_KEY, server.openai_base + "/", FAST), policy=FAST)
     assert await _text(llm) == server.reply_deltas
     (request,) = server.seen(CHAT)
     assert request.path == "/v1/chat/completions"
@@ -387,9 +458,7 @@ async def test_llm_request_follows_the_chat_completions_protocol(
 
 async def test_llm_options(server: VendorServer, session: aiohttp.ClientSession) -> None:
     llm = OpenAILLM(
-        session,
-        api_key=OPENAI_KEY,
-        base_url=server.openai_base,
+        _openai(OPENAI_KEY, server.openai_base, FAST),
         model="llama3.2",
         system_prompt="Be brief.",
         max_tokens=64,
@@ -407,8 +476,8 @@ async def test_llm_options(server: VendorServer, session: aiohttp.ClientSession)
 
 
 def test_llm_uses_max_completion_tokens_with_openai() -> None:
-    # Newer OpenAI models reject max_tokens. Nothing is sent: the session is never used.
-    llm = OpenAILLM(None, api_key="sk-x")  # type: ignore[arg-type]
+    # Newer OpenAI models reject max_tokens. Nothing is sent: the client is never used.
+    llm = OpenAILLM(_openai("sk-x"))
     assert llm.token_limit_field == "max_completion_tokens"
     assert llm._body(MESSAGES)["max_completion_tokens"] == 200
 
@@ -428,7 +497,7 @@ async def test_llm_reassembles_lines_split_across_reads(
         ]
     )
     server.script(CHAT, Reply(pieces=split(stream, [3, 1, 7])))  # cuts UTF-8 and CRLF pairs
-    llm = OpenAILLM(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    llm = OpenAILLM(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     assert await _text(llm) == ["Caf\u00e9 ", "\U0001f600"]
 
 
@@ -452,7 +521,7 @@ async def test_llm_malformed_json_before_output_is_retried(
     server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
     server.script(CHAT, *[Reply(pieces=[b"data: {not json\n\n"])] * 3)
-    llm = OpenAILLM(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    llm = OpenAILLM(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     with pytest.raises(ProviderError) as info:
         await _text(llm)
     assert (info.value.code, info.value.retryable) == ("bad_response", True)
@@ -463,7 +532,7 @@ async def test_llm_malformed_json_after_output_is_final(
     server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
     server.script(CHAT, Reply(pieces=[sse(chat_chunk("Hi")), b"data: {not json\n\n"]))
-    llm = OpenAILLM(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    llm = OpenAILLM(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     received = []
     with pytest.raises(ProviderError) as info:
         async for delta in llm.stream(MESSAGES):
@@ -493,7 +562,7 @@ async def test_llm_error_in_the_stream(
     session: aiohttp.ClientSession,
 ) -> None:
     server.script(CHAT, *[Reply(pieces=[piece])] * 3)
-    llm = OpenAILLM(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    llm = OpenAILLM(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     with pytest.raises(ProviderError) as info:
         await _text(llm)
     assert (info.value.code, info.value.retryable) == ("vendor_error", retryable)
@@ -504,7 +573,7 @@ async def test_llm_error_in_the_stream(
 async def test_llm_stream_cut_before_done(
     server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
-    llm = OpenAILLM(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    llm = OpenAILLM(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     # A finish_reason without [DONE] is a complete answer; neither is a truncated one.
     server.script(CHAT, Reply(pieces=[sse(chat_chunk("Hi")), sse(chat_chunk(finish="stop"))]))
     assert await _text(llm) == ["Hi"]
@@ -519,7 +588,7 @@ async def test_llm_accepts_a_server_that_does_not_stream(
 ) -> None:
     completion = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi!"}}]}
     server.script(CHAT, Reply(body=json.dumps(completion).encode()))
-    llm = OpenAILLM(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    llm = OpenAILLM(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     assert await _text(llm) == ["Hi!"]
 
 
@@ -529,7 +598,7 @@ async def test_llm_accepts_a_server_that_does_not_stream(
 async def test_stt_request_is_a_multipart_wav_upload(
     server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
-    stt = OpenAISTT(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    stt = OpenAISTT(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     assert await stt.transcribe(UTTERANCE, 16_000) == server.transcript
     (request,) = server.seen(TRANSCRIPTIONS)
     assert request.path == "/v1/audio/transcriptions"
@@ -552,9 +621,7 @@ async def test_stt_request_is_a_multipart_wav_upload(
 
 async def test_stt_options(server: VendorServer, session: aiohttp.ClientSession) -> None:
     stt = OpenAISTT(
-        session,
-        api_key=OPENAI_KEY,
-        base_url=server.openai_base,
+        _openai(OPENAI_KEY, server.openai_base, FAST),
         model="whisper-1",
         language=None,
         prompt="Avatar, WebRTC",
@@ -579,7 +646,7 @@ async def test_stt_malformed_body(
     reply: Reply, server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
     server.script(TRANSCRIPTIONS, reply, reply, reply)
-    stt = OpenAISTT(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    stt = OpenAISTT(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     with pytest.raises(ProviderError) as info:
         await stt.transcribe(UTTERANCE, 16_000)
     assert (info.value.code, info.value.retryable) == ("bad_response", True)
@@ -589,7 +656,7 @@ async def test_stt_malformed_body(
 async def test_stt_skips_empty_audio_and_rejects_wrong_samples(
     server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
-    stt = OpenAISTT(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    stt = OpenAISTT(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     assert await stt.transcribe(np.zeros(0, np.int16), 16_000) == ""
     with pytest.raises(ValueError, match="int16"):
         await stt.transcribe(np.zeros(160, np.float32), 16_000)
@@ -601,7 +668,7 @@ async def test_openai_quota_429_is_not_retried(
 ) -> None:
     quota = openai_error(429, "You exceeded your current quota", code="insufficient_quota")
     server.script(TRANSCRIPTIONS, quota)
-    stt = OpenAISTT(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    stt = OpenAISTT(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     with pytest.raises(ProviderError) as info:
         await stt.transcribe(UTTERANCE, 16_000)
     assert (info.value.code, info.value.retryable) == ("quota_exceeded", False)
@@ -614,7 +681,7 @@ async def test_openai_quota_429_is_not_retried(
 async def test_openai_tts_streams_24khz_pcm(
     server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
-    tts = OpenAITTS(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    tts = OpenAITTS(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     chunks = [chunk async for chunk in tts.synthesize("Hello there.")]
     (request,) = server.seen(SPEECH)
     assert request.path == "/v1/audio/speech"
@@ -631,9 +698,7 @@ async def test_openai_tts_streams_24khz_pcm(
 
 async def test_openai_tts_options(server: VendorServer, session: aiohttp.ClientSession) -> None:
     tts = OpenAITTS(
-        session,
-        api_key=OPENAI_KEY,
-        base_url=server.openai_base,
+        _openai(OPENAI_KEY, server.openai_base, FAST),
         voice="coral",
         instructions="Warm and upbeat.",
         speed=1.25,
@@ -641,9 +706,7 @@ async def test_openai_tts_options(server: VendorServer, session: aiohttp.ClientS
     )
     await _audio(tts)
     tts_1 = OpenAITTS(
-        session,
-        api_key=OPENAI_KEY,
-        base_url=server.openai_base,
+        _openai(OPENAI_KEY, server.openai_base, FAST),
         model="tts-1",
         instructions="Warm and upbeat.",
         policy=FAST,
@@ -679,7 +742,7 @@ async def test_tts_odd_byte_count_after_output_is_final(
     server: VendorServer, session: aiohttp.ClientSession
 ) -> None:
     server.script(SPEECH, Reply(pieces=[tone(0.1, 24_000), b"\x01"]))
-    tts = OpenAITTS(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=FAST)
+    tts = OpenAITTS(_openai(OPENAI_KEY, server.openai_base, FAST), policy=FAST)
     received = []
     with pytest.raises(ProviderError) as info:
         async for chunk in tts.synthesize("Hi"):
@@ -690,7 +753,7 @@ async def test_tts_odd_byte_count_after_output_is_final(
 
 async def test_tts_skips_blank_text(server: VendorServer, session: aiohttp.ClientSession) -> None:
     for tts in (
-        OpenAITTS(session, api_key=OPENAI_KEY, base_url=server.openai_base),
+        OpenAITTS(_openai(OPENAI_KEY, server.openai_base)),
         ElevenLabsTTS(session, api_key=ELEVENLABS_KEY, base_url=server.elevenlabs_base),
     ):
         assert [chunk async for chunk in tts.synthesize("  \n")] == []
@@ -773,7 +836,7 @@ async def test_retry_after_is_honoured_up_to_the_cap(
 ) -> None:
     loop = asyncio.get_running_loop()
     policy = HTTPPolicy(backoff_initial_s=0.001, max_retry_after_s=0.5)
-    stt = OpenAISTT(session, api_key=OPENAI_KEY, base_url=server.openai_base, policy=policy)
+    stt = OpenAISTT(_openai(OPENAI_KEY, server.openai_base, policy), policy=policy)
     server.script(TRANSCRIPTIONS, openai_error(429, "wait", retry_after_ms="150"))
     start = loop.time()
     await stt.transcribe(UTTERANCE, 16_000)
@@ -859,9 +922,9 @@ def test_policy_validation(kwargs: dict[str, float]) -> None:
 
 def test_providers_satisfy_the_protocols(session: aiohttp.ClientSession) -> None:
     # Checked by mypy: each assignment fails type-checking if a signature drifts from base.py.
-    stt: STT = OpenAISTT(session, api_key="k")
-    llm: LLM = OpenAILLM(session, api_key="k")
-    voices: list[TTS] = [OpenAITTS(session, api_key="k"), ElevenLabsTTS(session, api_key="k")]
+    stt: STT = OpenAISTT(_openai("k"))
+    llm: LLM = OpenAILLM(_openai("k"))
+    voices: list[TTS] = [OpenAITTS(_openai("k")), ElevenLabsTTS(session, api_key="k")]
     assert [stt.name, llm.name, *(tts.name for tts in voices)] == [
         "openai",
         "openai",

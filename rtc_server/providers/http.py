@@ -1,10 +1,15 @@
-"""What the HTTP providers share: timeouts and retries, error translation, PCM body framing.
+"""What the cloud providers share: timeouts and retries, error translation.
 
-Every cloud provider sends its requests through a :class:`VendorClient` on the app's one
-``aiohttp.ClientSession``, so these rules live in one place: per-request timeouts; bounded
-retries with backoff, for retryable errors only and only before any output was handed on
-(spoken audio cannot be taken back); ``Retry-After`` honoured up to a cap; and vendor and
-transport failures translated into :class:`ProviderError`.
+Every cloud provider keeps one rule for retries, :class:`Retrier`: bounded retries with
+backoff, for retryable errors only and only before any output was handed on (spoken audio and
+text deltas cannot be taken back), ``Retry-After`` honoured up to a cap, and the API key
+blanked out of whatever a server echoes back. Vendor and transport failures become
+:class:`ProviderError` here (:func:`status_error`, :func:`transport_error`,
+:func:`bad_response`), and the OpenAI SDK's errors are read the same way
+(``openai_sdk.sdk_error``).
+
+ElevenLabs is spoken to over the app's one ``aiohttp.ClientSession`` by a
+:class:`VendorClient`: the policy's per-request timeouts and the retry rule around each POST.
 """
 
 from __future__ import annotations
@@ -16,21 +21,18 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, aclosing
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
-import numpy as np
 
-from musetalk_core.types import AudioChunk
 from rtc_server.providers.base import ProviderError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-OPENAI_BASE_URL = "https://api.openai.com/v1"
 ELEVENLABS_BASE_URL = "https://api.elevenlabs.io"
 
 _MAX_ERROR_DETAIL = 300  # characters of a vendor's error message kept in ours
@@ -222,78 +224,49 @@ def bad_response(provider: str, vendor: str, what: str) -> ProviderError:
 
 
 ReadStream = Callable[[aiohttp.ClientResponse], AsyncGenerator[T, None]]
-ReadBody = Callable[[aiohttp.ClientResponse], Awaitable[T]]
 
 
-class VendorClient:
-    """POSTs to one vendor through a shared session, with the policy's timeouts and retries.
+class Retrier:
+    """Our retry rule for one provider, around attempts that raise :class:`ProviderError`.
+
+    An attempt is one request; it translates its own library's failures into ProviderErrors
+    (:func:`status_error`, :func:`transport_error`, ``openai_sdk.sdk_error``). Retryable ones
+    are tried again with the policy's backoff, or after the server's ``Retry-After`` up to the
+    policy's cap, until ``max_attempts``; final ones, and the last, are raised with the key
+    blanked out.
 
     Args:
-        session: the app's connection pool; never closed here.
-        provider: ``ProviderError.provider`` and the log prefix, e.g. ``"openai"``.
+        provider: ``ProviderError.provider`` and the log prefix, e.g. ``"openai-llm"``.
         vendor: how messages name the vendor, e.g. ``"OpenAI"``.
-        base_url: prefix of every path; the tests point it at 127.0.0.1.
-        headers: sent with every request; holds the API key, so it is never logged.
+        policy: attempts, backoff and the ``Retry-After`` cap.
         secret: the API key, blanked out of any error text a server echoes back.
     """
 
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        *,
-        provider: str,
-        vendor: str,
-        base_url: str,
-        headers: Mapping[str, str],
-        policy: HTTPPolicy,
-        secret: str = "",
-    ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base URL must be http(s): {base_url!r}")
-        self._session = session
+    def __init__(self, *, provider: str, vendor: str, policy: HTTPPolicy, secret: str = "") -> None:
         self.provider = provider
         self.vendor = vendor
-        self.base_url = base_url.rstrip("/")
-        self._headers = dict(headers)
         self.policy = policy
         self._secret = secret
-        self._timeout = policy.client_timeout()
 
     async def stream(
-        self,
-        path: str,
-        read: ReadStream[T],
-        *,
-        json_body: Any = None,
-        form: Callable[[], aiohttp.FormData] | None = None,
-        params: Mapping[str, str] | None = None,
+        self, attempt: Callable[[], AsyncGenerator[T, None]]
     ) -> AsyncGenerator[T, None]:
-        """POST and yield what ``read`` makes of the response, as it arrives.
+        """Yield the items of ``attempt()``, a fresh one per try, as they arrive.
 
         Retries happen only until the first item was yielded; a failure after that is raised
         with ``retryable=False``, since the caller has already used part of the answer. When the
-        caller stops early, the response is closed at once, so the vendor stops generating.
+        caller stops early, the attempt is closed at once (and with it the response), so the
+        vendor stops generating.
         """
         retry = 0
         while True:
             yielded = False
             try:
-                try:
-                    async with self._post(path, json_body, form, params) as response:
-                        await self._raise_for_status(response)
-                        finished = False
-                        try:
-                            async with aclosing(read(response)) as items:
-                                async for item in items:
-                                    yielded = True
-                                    yield item
-                            finished = await _drain(response)
-                        finally:
-                            if not finished:
-                                response.close()
-                    return
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise transport_error(self.provider, self.vendor, exc) from exc
+                async with aclosing(attempt()) as items:
+                    async for item in items:
+                        yielded = True
+                        yield item
+                return
             except ProviderError as exc:
                 if yielded:
                     raise self._clean(exc, after_output=True) from exc
@@ -303,55 +276,18 @@ class VendorClient:
                     raise self._clean(exc) from exc.__cause__
             await asyncio.sleep(delay)
 
-    async def call(
-        self,
-        path: str,
-        read: ReadBody[T],
-        *,
-        json_body: Any = None,
-        form: Callable[[], aiohttp.FormData] | None = None,
-        params: Mapping[str, str] | None = None,
-    ) -> T:
-        """POST and return what ``read`` makes of the whole response, retrying per the policy."""
+    async def call(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """The result of ``attempt()``, a fresh one per try, retrying per the policy."""
         retry = 0
         while True:
             try:
-                try:
-                    async with self._post(path, json_body, form, params) as response:
-                        await self._raise_for_status(response)
-                        return await read(response)
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise transport_error(self.provider, self.vendor, exc) from exc
+                return await attempt()
             except ProviderError as exc:
                 retry += 1
                 delay = self._retry_delay(exc, retry)
                 if delay is None:
                     raise self._clean(exc) from exc.__cause__
             await asyncio.sleep(delay)
-
-    def _post(
-        self,
-        path: str,
-        json_body: Any,
-        form: Callable[[], aiohttp.FormData] | None,
-        params: Mapping[str, str] | None,
-    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
-        return self._session.post(
-            self.base_url + path,
-            json=json_body,
-            # A FormData is spent once sent, so every attempt builds a fresh one.
-            data=form() if form is not None else None,
-            params=params,
-            headers=self._headers,
-            timeout=self._timeout,
-            allow_redirects=False,
-        )
-
-    async def _raise_for_status(self, response: aiohttp.ClientResponse) -> None:
-        if 200 <= response.status < 300:
-            return
-        body = await response.read()
-        raise status_error(self.provider, self.vendor, response.status, body, response.headers)
 
     def _retry_delay(self, exc: ProviderError, retry: int) -> float | None:
         """Seconds before the next attempt, or None when this error is final."""
@@ -388,9 +324,88 @@ class VendorClient:
         return text.replace(self._secret, "***") if self._secret else text
 
 
+class VendorClient:
+    """POSTs to one vendor through a shared aiohttp session, with the policy's timeouts and
+    the :class:`Retrier`'s rule.
+
+    Args:
+        session: the app's connection pool; never closed here.
+        provider: ``ProviderError.provider`` and the log prefix, e.g. ``"elevenlabs-tts"``.
+        vendor: how messages name the vendor, e.g. ``"ElevenLabs"``.
+        base_url: prefix of every path; the tests point it at 127.0.0.1.
+        headers: sent with every request; holds the API key, so it is never logged.
+        secret: the API key, blanked out of any error text a server echoes back.
+    """
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        provider: str,
+        vendor: str,
+        base_url: str,
+        headers: Mapping[str, str],
+        policy: HTTPPolicy,
+        secret: str = "",
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base URL must be http(s): {base_url!r}")
+        self._session = session
+        self.provider = provider
+        self.vendor = vendor
+        self.base_url = base_url.rstrip("/")
+        self._headers = dict(headers)
+        self.policy = policy
+        self._retrier = Retrier(provider=provider, vendor=vendor, policy=policy, secret=secret)
+        self._timeout = policy.client_timeout()
+
+    def stream(
+        self,
+        path: str,
+        read: ReadStream[T],
+        *,
+        json_body: Any = None,
+        params: Mapping[str, str] | None = None,
+    ) -> AsyncGenerator[T, None]:
+        """POST and yield what ``read`` makes of the response, as it arrives (see
+        :meth:`Retrier.stream`: retried only before the first item)."""
+        return self._retrier.stream(lambda: self._stream_once(path, read, json_body, params))
+
+    async def _stream_once(
+        self, path: str, read: ReadStream[T], json_body: Any, params: Mapping[str, str] | None
+    ) -> AsyncGenerator[T, None]:
+        try:
+            async with self._session.post(
+                self.base_url + path,
+                json=json_body,
+                params=params,
+                headers=self._headers,
+                timeout=self._timeout,
+                allow_redirects=False,
+            ) as response:
+                await self._raise_for_status(response)
+                finished = False
+                try:
+                    async with aclosing(read(response)) as items:
+                        async for item in items:
+                            yield item
+                    finished = await _drain(response)
+                finally:
+                    if not finished:
+                        response.close()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise transport_error(self.provider, self.vendor, exc) from exc
+
+    async def _raise_for_status(self, response: aiohttp.ClientResponse) -> None:
+        if 200 <= response.status < 300:
+            return
+        body = await response.read()
+        raise status_error(self.provider, self.vendor, response.status, body, response.headers)
+
+
 async def _drain(response: aiohttp.ClientResponse, limit: int = 65_536) -> bool:
-    """Read what follows the end of a stream (e.g. after ``[DONE]``) so the connection can go
-    back to the pool; False when it cannot be, and the response should be closed instead."""
+    """Read what follows the end of a stream so the connection can go back to the pool;
+    False when it cannot be, and the response should be closed instead."""
     drained = 0
     try:
         while drained <= limit and not response.content.at_eof():
@@ -398,64 +413,3 @@ async def _drain(response: aiohttp.ClientResponse, limit: int = 65_536) -> bool:
     except (aiohttp.ClientError, TimeoutError):
         return False  # the answer was complete; only the connection is lost
     return response.content.at_eof()
-
-
-async def read_pcm(
-    response: aiohttp.ClientResponse,
-    sample_rate: int,
-    *,
-    provider: str,
-    vendor: str,
-    min_chunk_ms: int = 20,
-) -> AsyncGenerator[AudioChunk, None]:
-    """Frame a raw s16le mono body into AudioChunks of at least ``min_chunk_ms`` as bytes arrive.
-
-    Reads may split a sample between two network packets, so an odd trailing byte waits for the
-    next read; an odd byte count at the end means the body was not PCM.
-    """
-    content_type = response.content_type
-    if content_type == "application/json" or content_type.startswith("text/"):
-        # Servers that ignore the requested format answer 200 with JSON or an HTML page.
-        body = await response.read()
-        detail, _ = vendor_detail(body)
-        raise bad_response(provider, vendor, f"expected PCM audio, got {content_type}: {detail}")
-    min_bytes = max(sample_rate * min_chunk_ms // 1000, 1) * 2
-    pending = bytearray()
-    received = 0
-    async for data in response.content.iter_any():
-        received += len(data)
-        pending += data
-        if len(pending) >= min_bytes:
-            usable = len(pending) & ~1
-            yield _chunk(pending[:usable], sample_rate)
-            del pending[:usable]
-    if len(pending) % 2:
-        raise bad_response(provider, vendor, f"odd PCM byte count ({received})")
-    if pending:
-        yield _chunk(pending, sample_rate)
-    elif received == 0:
-        raise bad_response(provider, vendor, "no audio in the response")
-
-
-def _chunk(data: bytes | bytearray, sample_rate: int) -> AudioChunk:
-    return AudioChunk(np.frombuffer(bytes(data), dtype="<i2").astype(np.int16), sample_rate)
-
-
-def openai_client(
-    session: aiohttp.ClientSession,
-    *,
-    provider: str,
-    api_key: str,
-    base_url: str,
-    policy: HTTPPolicy,
-) -> VendorClient:
-    """A VendorClient for OpenAI's API: Bearer auth when a key is given, the key kept secret."""
-    return VendorClient(
-        session,
-        provider=provider,
-        vendor="OpenAI",
-        base_url=base_url,
-        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-        policy=policy,
-        secret=api_key,
-    )

@@ -1,25 +1,42 @@
-"""LLM: any OpenAI-compatible chat completions endpoint, streamed as server-sent events."""
+"""LLM: any OpenAI-compatible chat completions endpoint, streamed as server-sent events.
+
+The request goes through the app's ``openai.AsyncOpenAI`` (URL, key, timeouts, status errors),
+but the body is read here, from the SDK's raw streamed response, not by the SDK's own stream:
+compatible servers answer in ways the SDK's stream loses or misreads, and each is kept:
+
+* llama.cpp reports an error on an ``error:`` line, a field the SDK's event decoder drops
+  (the stream would just end): :class:`SSEDecoder` passes it on as an event named "error".
+* A server that ignores ``"stream": true`` answers one JSON completion, which the SDK's stream
+  decodes as no events at all: it is read as one delta.
+* vLLM's ``{"object": "error", "code": 400}`` in place of a chunk is not an error to the SDK,
+  and an error's HTTP-like code decides whether it is worth a retry.
+* A chunk that is not JSON, or lacks its choices or delta, is ``bad_response`` (retryable
+  before any text went on), where the SDK raises a bare JSON error or builds a chunk without
+  checking it; a stream cut before ``[DONE]`` and without a ``finish_reason`` is one too.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, Literal
-from urllib.parse import urlsplit
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, Literal
 
 from rtc_server.providers.base import ChatMessage, ProviderError
-from rtc_server.providers.http import (
-    DEFAULT_POLICY,
-    OPENAI_BASE_URL,
-    HTTPPolicy,
-    VendorClient,
-    bad_response,
-    vendor_detail,
+from rtc_server.providers.http import DEFAULT_POLICY, HTTPPolicy, bad_response, vendor_detail
+from rtc_server.providers.openai_sdk import (
+    VENDOR,
+    drain,
+    media_type,
+    request_headers,
+    retrier,
+    streamed,
 )
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 logger = logging.getLogger(__name__)
 
@@ -101,28 +118,27 @@ class SSEDecoder:
 class OpenAILLM:
     """Streams a reply from ``POST {base_url}/chat/completions`` with ``stream: true``.
 
-    Works with OpenAI and with OpenAI-compatible servers (vLLM, Ollama, llama.cpp). The reply
-    cap is sent as ``max_completion_tokens`` to api.openai.com, whose newer models reject
-    ``max_tokens``, and as ``max_tokens`` elsewhere, the one field every compatible server reads
-    (Ollama and older llama.cpp ignore the new name); ``token_limit_field`` overrides that.
+    Works with OpenAI and with OpenAI-compatible servers (vLLM, Ollama, llama.cpp): see the
+    module docstring. The reply cap is sent as ``max_completion_tokens`` to api.openai.com,
+    whose newer models reject ``max_tokens``, and as ``max_tokens`` elsewhere, the one field
+    every compatible server reads (Ollama and older llama.cpp ignore the new name);
+    ``token_limit_field`` overrides that.
 
     Args:
-        session: the app's shared connection pool.
-        api_key: sent as ``Authorization: Bearer``; "" sends none (local servers).
-        base_url: up to and including ``/v1``.
+        client: the app's SDK client (``openai_sdk.openai_client``), pointed at the endpoint's
+            base URL, up to and including ``/v1``; never closed here.
         model: the model name the endpoint knows.
         system_prompt: prepended as a system message unless the conversation starts with one;
             "" sends none.
         max_tokens: cap on the reply length, so a talkative model cannot monologue.
         temperature: sent only when given; reasoning models reject anything but the default.
+        policy: retries and the limit on one attempt; the client has the other timeouts.
     """
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: AsyncOpenAI,
         *,
-        api_key: str,
-        base_url: str = OPENAI_BASE_URL,
         model: str = "gpt-4o-mini",
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         max_tokens: int = 200,
@@ -132,7 +148,7 @@ class OpenAILLM:
     ) -> None:
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
-        host = urlsplit(base_url).hostname or ""
+        host = client.base_url.host
         official = host == "api.openai.com"
         if token_limit_field == "auto":
             token_limit_field = "max_completion_tokens" if official else "max_tokens"
@@ -141,25 +157,20 @@ class OpenAILLM:
         self.max_tokens = max_tokens
         self.token_limit_field: str = token_limit_field
         self.temperature = temperature
-        headers = {"Accept": "text/event-stream"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._client = VendorClient(
-            session,
-            provider="openai-llm",
-            vendor="OpenAI" if official else f"the chat endpoint at {host}",
-            base_url=base_url,
-            headers=headers,
-            policy=policy,
-            secret=api_key,
-        )
+        self._client = client
+        self._headers = request_headers(client, {"Accept": "text/event-stream"})
+        self._policy = policy
+        self._provider = "openai-llm"
+        self._vendor = VENDOR if official else f"the chat endpoint at {host}"
+        self._retrier = retrier(client, provider=self._provider, policy=policy, vendor=self._vendor)
 
     @property
     def name(self) -> str:
         return "openai"
 
     def stream(self, messages: Sequence[ChatMessage]) -> AsyncGenerator[str, None]:
-        return self._client.stream("/chat/completions", self._read, json_body=self._body(messages))
+        body = self._body(messages)
+        return self._retrier.stream(lambda: self._attempt(body))
 
     def _body(self, messages: Sequence[ChatMessage]) -> dict[str, Any]:
         wire = [{"role": m.role, "content": m.content} for m in messages]
@@ -175,19 +186,33 @@ class OpenAILLM:
             body["temperature"] = self.temperature
         return body
 
-    async def _read(self, response: aiohttp.ClientResponse) -> AsyncGenerator[str, None]:
-        if response.content_type == "application/json":
-            # A compatible server that ignores "stream": one JSON completion (or error) instead.
-            text = self._message(self._parse(await response.read()))
-            if text:
-                yield text
-            return
+    async def _attempt(self, body: dict[str, Any]) -> AsyncGenerator[str, None]:
+        """One request: the reply's text deltas as they arrive, or a ProviderError."""
+        create = self._client.chat.completions.with_streaming_response.create
+        request = create(**body, extra_headers=self._headers)
+        async with streamed(
+            request, provider=self._provider, policy=self._policy, vendor=self._vendor
+        ) as (response, chunks):
+            if media_type(response.headers) == "application/json":
+                # A compatible server that ignores "stream": one JSON completion (or error).
+                text = self._message(self._parse(b"".join([c async for c in chunks])))
+                if text:
+                    yield text
+                return
+            async with aclosing(self._read(chunks)) as deltas:
+                async for delta in deltas:
+                    yield delta
+
+    async def _read(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
+        """The deltas of an event stream; what follows ``[DONE]`` is drained, to keep the
+        connection."""
         decoder = SSEDecoder()
         finished = False
         try:
-            async for data in response.content.iter_any():
+            async for data in chunks:
                 for event in decoder.feed(data):
                     if event.data == "[DONE]":
+                        await drain(chunks)
                         return
                     delta, done = self._delta(event)
                     finished = finished or done
@@ -204,7 +229,7 @@ class OpenAILLM:
             raise self._malformed(str(exc)) from exc
         if not finished:
             raise self._malformed("the event stream ended before [DONE]")
-        logger.debug("%s: stream ended without [DONE] after finish_reason", self._client.provider)
+        logger.debug("%s: stream ended without [DONE] after finish_reason", self._provider)
 
     def _delta(self, event: ServerSentEvent) -> tuple[str, bool]:
         """(text, finished) of one ``chat.completion.chunk``."""
@@ -255,12 +280,12 @@ class OpenAILLM:
             code in ("invalid_request_error", "authentication_error", "context_length_exceeded")
         )
         return ProviderError(
-            self._client.provider,
-            f"{self._client.vendor} reported an error in the stream: {detail}",
+            self._provider,
+            f"{self._vendor} reported an error in the stream: {detail}",
             retryable=not final,
             status=status,
             code="vendor_error",
         )
 
     def _malformed(self, what: str) -> ProviderError:
-        return bad_response(self._client.provider, self._client.vendor, what)
+        return bad_response(self._provider, self._vendor, what)

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import wave
+from typing import TYPE_CHECKING
 
-import aiohttp
 import numpy as np
+from openai import omit
 
 from rtc_server.providers.base import ProviderError
-from rtc_server.providers.http import (
-    DEFAULT_POLICY,
-    OPENAI_BASE_URL,
-    HTTPPolicy,
-    bad_response,
-    openai_client,
-)
+from rtc_server.providers.http import DEFAULT_POLICY, HTTPPolicy, bad_response
+from rtc_server.providers.openai_sdk import VENDOR, request_headers, retrier, sdk_errors
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 
 def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
@@ -35,23 +35,24 @@ def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
 class OpenAISTT:
     """Transcribes with ``POST {base_url}/audio/transcriptions`` (multipart, JSON answer).
 
-    The utterance goes up as a WAV file at its own sample rate; the service resamples.
+    The utterance goes up as a WAV file at its own sample rate; the service resamples. The
+    answer is read here rather than by the SDK, which accepts any body (an HTML error page, a
+    JSON list) without a word: only an object with a ``text`` string is a transcript, anything
+    else is ``bad_response``, worth another try.
 
     Args:
-        session: the app's shared connection pool.
-        api_key: sent as ``Authorization: Bearer``; "" sends none (local compatible servers).
-        base_url: up to and including ``/v1``.
+        client: the app's SDK client (``openai_sdk.openai_client``), pointed at a base URL up to
+            and including ``/v1``; never closed here.
         model: ``gpt-4o-mini-transcribe`` (fast, cheap) or ``whisper-1``.
         language: ISO-639-1 hint, which improves accuracy and latency; None lets it detect.
         prompt: optional context, e.g. names the user is likely to say.
+        policy: retries and the limit on one attempt; the client has the other timeouts.
     """
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: AsyncOpenAI,
         *,
-        api_key: str,
-        base_url: str = OPENAI_BASE_URL,
         model: str = "gpt-4o-mini-transcribe",
         language: str | None = "en",
         prompt: str | None = None,
@@ -60,9 +61,11 @@ class OpenAISTT:
         self.model = model
         self.language = language
         self.prompt = prompt
-        self._client = openai_client(
-            session, provider="openai-stt", api_key=api_key, base_url=base_url, policy=policy
-        )
+        self._client = client
+        self._headers = request_headers(client)
+        self._policy = policy
+        self._provider = "openai-stt"
+        self._retrier = retrier(client, provider=self._provider, policy=policy)
 
     @property
     def name(self) -> str:
@@ -72,22 +75,24 @@ class OpenAISTT:
         if len(pcm) == 0:
             return ""
         audio = wav_bytes(pcm, sample_rate)
+        return await self._retrier.call(lambda: self._attempt(audio))
 
-        def form() -> aiohttp.FormData:
-            data = aiohttp.FormData()
-            data.add_field("file", audio, filename="utterance.wav", content_type="audio/wav")
-            data.add_field("model", self.model)
-            data.add_field("response_format", "json")
-            if self.language:
-                data.add_field("language", self.language)
-            if self.prompt:
-                data.add_field("prompt", self.prompt)
-            return data
+    async def _attempt(self, audio: bytes) -> str:
+        """One request: the transcript, or a ProviderError."""
+        create = self._client.audio.transcriptions.with_raw_response.create
+        with sdk_errors(self._provider):
+            async with asyncio.timeout(self._policy.total_timeout_s):
+                response = await create(
+                    file=("utterance.wav", audio, "audio/wav"),
+                    model=self.model,
+                    response_format="json",
+                    language=self.language or omit,
+                    prompt=self.prompt or omit,
+                    extra_headers=self._headers,
+                )
+        return self._read(response.content)
 
-        return await self._client.call("/audio/transcriptions", self._read, form=form)
-
-    async def _read(self, response: aiohttp.ClientResponse) -> str:
-        body = await response.read()
+    def _read(self, body: bytes) -> str:
         try:
             parsed = json.loads(body)
         except ValueError as exc:
@@ -98,4 +103,4 @@ class OpenAISTT:
         return text.strip()
 
     def _malformed(self, what: str) -> ProviderError:
-        return bad_response(self._client.provider, self._client.vendor, what)
+        return bad_response(self._provider, VENDOR, what)

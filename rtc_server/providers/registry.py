@@ -11,12 +11,17 @@ import logging
 import os
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from rtc_server.config import ServerConfig
 from rtc_server.providers.base import LLM, STT, TTS
-from rtc_server.providers.http import ELEVENLABS_BASE_URL, OPENAI_BASE_URL, HTTPPolicy
+from rtc_server.providers.http import ELEVENLABS_BASE_URL, HTTPPolicy
+from rtc_server.providers.openai_sdk import OPENAI_BASE_URL, openai_client
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,8 @@ class Chosen:
     tts: TTS
     local_tts: TTS
     choices: tuple[Choice, ...]
+    openai: AsyncOpenAI | None = None
+    """The SDK client every OpenAI provider here shares; the app closes it at shutdown."""
 
 
 def _pick(slot: str, wanted: str, cloud: list[tuple[str, bool, str]], local: str) -> Choice:
@@ -100,11 +107,17 @@ def load_providers(
         read_timeout_s=config.conversation.provider_read_timeout_s,
     )
 
+    # One SDK client (one connection pool) for every OpenAI provider of the app.
+    openai: AsyncOpenAI | None = None
+    if "openai" in (stt_choice.name, llm_choice.name, tts_choice.name):
+        openai = openai_client(key, base, policy)
+
     stt: STT | None
     if stt_choice.name == "openai":
         from rtc_server.providers.openai_stt import OpenAISTT
 
-        stt = OpenAISTT(http, api_key=key, base_url=base, policy=policy)
+        assert openai is not None
+        stt = OpenAISTT(openai, policy=policy)
     else:
         try:
             from rtc_server.providers.whisper_stt import WhisperSTT
@@ -120,10 +133,9 @@ def load_providers(
     if llm_choice.name == "openai":
         from rtc_server.providers.openai_llm import OpenAILLM
 
+        assert openai is not None
         llm = OpenAILLM(
-            http,
-            api_key=key,
-            base_url=base,
+            openai,
             model=config.conversation.llm_model,
             max_tokens=config.conversation.max_tokens,
             system_prompt="",
@@ -148,10 +160,9 @@ def load_providers(
     elif tts_choice.name == "openai":
         from rtc_server.providers.openai_tts import OpenAITTS
 
+        assert openai is not None
         tts = OpenAITTS(
-            http,
-            api_key=key,
-            base_url=base,
+            openai,
             voice=config.conversation.openai_tts_voice,
             policy=policy,
         )
@@ -161,4 +172,4 @@ def load_providers(
     choices = (stt_choice, llm_choice, tts_choice)
     for c in choices:
         logger.info("%s: %s (%s)", c.slot, c.name, c.reason)
-    return Chosen(stt, llm, tts, local_tts, choices)
+    return Chosen(stt, llm, tts, local_tts, choices, openai=openai)
