@@ -111,7 +111,12 @@ class SessionManager:
         self.engine_factory = factory
         self.choices = chosen.choices
         self.providers = Providers(
-            tts=chosen.tts, llm=chosen.llm, stt=chosen.stt, vad=vad, fallback_tts=chosen.local_tts
+            tts=chosen.tts,
+            llm=chosen.llm,
+            stt=chosen.stt,
+            vad=vad,
+            fallback_tts=chosen.local_tts,
+            realtime=chosen.realtime,
         )
         logger.info("ready: engine %s", self.engine_factory.name)
 

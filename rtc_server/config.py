@@ -29,6 +29,8 @@ ENGINES = ("auto", "musetalk", "warp", "sync-test")
 STTS = ("auto", "local", "openai")
 LLMS = ("auto", "echo", "openai")
 TTSS = ("auto", "piper", "elevenlabs", "openai")
+CONVERSATIONS = ("pipeline", "openai-realtime")
+REALTIME_TURNS = ("ours", "service")
 
 
 class ConfigError(AvatarRtcError, ValueError):
@@ -288,6 +290,18 @@ class EngineSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConversationSettings:
+    mode: str = "pipeline"
+    """``pipeline``: STT, LLM and TTS; ``openai-realtime``: one speech-to-speech model hears and
+    answers (the TTS still speaks says and the apology is the local voice's)."""
+    realtime_model: str = "gpt-realtime"
+    realtime_voice: str = "marin"
+    realtime_transcription_model: str = "gpt-4o-mini-transcribe"
+    """Transcribes the caller for ``transcript`` events and the history ("" for none)."""
+    realtime_turns: str = "ours"
+    """Who ends the caller's turn: our VAD (``ours``) or the service's (``service``)."""
+    realtime_session_s: float = 3000.0
+    """Age at which a call's Realtime connection is renewed, between turns, with the
+    conversation carried over (the service ends sessions at 60 minutes)."""
     stt: str = "auto"
     llm: str = "auto"
     tts: str = "auto"
@@ -334,6 +348,18 @@ class ConversationSettings:
             raise ConfigError(f"--{name_missing[0]} needs its API key in the environment")
         if self.llm == "openai" and not (self.openai_api_key or self.openai_base_url):
             raise ConfigError("--llm openai needs OPENAI_API_KEY or OPENAI_BASE_URL")
+        if self.mode not in CONVERSATIONS:
+            raise ConfigError(
+                f"conversation must be one of {', '.join(CONVERSATIONS)}, not {self.mode!r}"
+            )
+        if self.realtime_turns not in REALTIME_TURNS:
+            raise ConfigError(f"realtime_turns must be one of {', '.join(REALTIME_TURNS)}")
+        if self.realtime_session_s <= 0:
+            raise ConfigError("realtime_session_s must be > 0")
+        if self.mode == "openai-realtime" and not (self.openai_api_key or self.openai_base_url):
+            raise ConfigError(
+                "--conversation openai-realtime needs OPENAI_API_KEY or OPENAI_BASE_URL"
+            )
         if self.max_tokens < 1:
             raise ConfigError("max_tokens must be at least 1")
         if self.vad_hangover_ms < 100:

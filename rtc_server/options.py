@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from rtc_server.config import (
+    CONVERSATIONS,
     ENGINES,
     LLMS,
+    REALTIME_TURNS,
     SECTIONS,
     STTS,
     TTSS,
@@ -357,6 +359,38 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "engine",
         "torch.compile the UNet and VAE decoder (slow start, faster on CUDA)",
         kind=Kind.SWITCH,
+    ),
+    Option(
+        "conversation",
+        "conversation",
+        "pipeline (STT, LLM, TTS) or openai-realtime (one speech-to-speech model; never picked "
+        "by auto)",
+        default="pipeline",
+        choices=CONVERSATIONS,
+        field="mode",
+    ),
+    Option("realtime-model", "conversation", "the Realtime model", default="gpt-realtime"),
+    Option("realtime-voice", "conversation", "the Realtime model's voice", default="marin"),
+    Option(
+        "realtime-transcription-model",
+        "conversation",
+        "transcribes the caller in Realtime calls (empty: no transcripts)",
+        default="gpt-4o-mini-transcribe",
+    ),
+    Option(
+        "realtime-turns",
+        "conversation",
+        "who ends the caller's turn in Realtime calls: ours (the server's VAD) or service",
+        default="ours",
+        choices=REALTIME_TURNS,
+    ),
+    Option(
+        "realtime-session-s",
+        "conversation",
+        "age at which a call's Realtime connection is renewed between turns, the conversation "
+        "carried over (the service's limit is 60 minutes)",
+        float,
+        3000.0,
     ),
     Option("stt", "conversation", "speech recognition", default="auto", choices=STTS),
     Option("llm", "conversation", "the replies' language model", default="auto", choices=LLMS),

@@ -28,6 +28,7 @@ from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.media.tracks import STILL_REPEAT_S, AvatarAudioTrack, AvatarVideoTrack
 from rtc_server.metrics import Metrics
+from rtc_server.providers.openai_realtime import SAMPLE_RATE as REALTIME_RATE
 from rtc_server.speech import SpeechOutput
 from rtc_server.turn_controller import CallState, ListenSettings, Providers, TurnController
 from rtc_server.vad import SAMPLE_RATE as VAD_RATE
@@ -127,6 +128,7 @@ class AvatarSession:
 
     def start(self) -> None:
         self.scheduler.start()
+        self.turns.start()
         self._tasks.spawn(self._connect_watchdog(), "connect-watchdog")
         if self._max_call_s is not None:
             self._tasks.spawn(self._call_limit(self._max_call_s), "call-limit")
@@ -212,12 +214,17 @@ class AvatarSession:
         model = self.providers.vad
         vad = VADStream(model, self.turns.settings.vad) if model is not None else None
         downsample = MicDownsampler(VAD_RATE)
+        realtime = self.turns.realtime
+        # A speech-to-speech model hears the caller at its own rate.
+        to_model = MicDownsampler(REALTIME_RATE) if realtime is not None else None
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
-                if vad is None or self.providers.stt is None:
+                if vad is None or not self.turns.listens:
                     continue
                 assert isinstance(frame, av.AudioFrame)
+                if realtime is not None and to_model is not None:
+                    realtime.on_audio(to_model(frame))
                 # On the loop: a 20 ms frame costs ~0.1 ms (resampling, Silero in onnxruntime),
                 # less than a round trip through an executor thread would.
                 for event in vad.feed(downsample(frame)):

@@ -37,6 +37,16 @@ class Segment:
     """Speaking frames of it presented to the tracks."""
     first_played_at: float | None = None
     """When its first frame was presented (the speech output's clock)."""
+    sample_rate: int = 48_000
+    """Of its audio, as pushed."""
+    lead_s: float = 0.0
+    """Leading silence of its source audio cut before it was pushed."""
+
+    @property
+    def heard_s(self) -> float:
+        """Seconds of its source audio presented so far, the cut lead included."""
+        heard = min(self.played * self.frame_samples, self.samples) / self.sample_rate
+        return self.lead_s + heard if heard else 0.0
 
     @property
     def frames(self) -> int:
@@ -118,54 +128,90 @@ class SpeechOutput:
         on_tts_audio: Callable[[], None] | None = None,
     ) -> None:
         """Synthesize each sentence as it arrives and push it into the engine, in order."""
-        loop = asyncio.get_running_loop()
-        rate = self.output.sample_rate
         async with self._lock, contextlib.aclosing(sentences):
             # aclosing: a barge-in cancels us mid-stream, and the LLM's HTTP response behind
             # ``sentences`` must be released now, not whenever the generator is collected.
             async for text in sentences:
-                seg = Segment(self._next_segment, text, self._frame_samples)
-                self._next_segment += 1
-                self._segments[seg.segment_id] = seg
-                utterance.segments.append(seg)
+                seg = self._segment(text, utterance)
                 async with contextlib.aclosing(tts.synthesize(text)) as chunks:
-                    first = True
-                    # One resampler per sentence: its chunks join as one stream would.
-                    resampler: StreamResampler | None = None
-                    # And one estimator, for a voice that gives no phoneme timing.
-                    estimating: EstimatorStream | None = None
-                    async for chunk in chunks:
-                        if first:
-                            # TTS voices lead with up to a few hundred ms of silence: time
-                            # the caller would spend waiting for the answer to begin.
-                            chunk = _trimmed(chunk)
-                            first = False
-                        if on_tts_audio is not None:
-                            on_tts_audio()
-                            on_tts_audio = None
-                        if resampler is None or resampler.src_rate != chunk.sample_rate:
-                            if resampler is not None:
-                                await self._push(seg, resampler.flush())
-                            resampler = StreamResampler(chunk.sample_rate, rate)
-                        if not chunk.phonemes and len(chunk.pcm):
-                            if estimating is None:
-                                estimating = _estimator_stream(chunk.sample_rate)
-                            if estimating is not None:
-                                spans = await loop.run_in_executor(
-                                    self._executor, estimating.feed, chunk.pcm
-                                )
-                                chunk = AudioChunk(chunk.pcm, chunk.sample_rate, spans)
-                        # The chunk's sound comes out that much later than it went in.
-                        phonemes = _shifted(chunk.phonemes, resampler.behind_s)
-                        pcm = await loop.run_in_executor(self._executor, resampler.feed, chunk.pcm)
-                        await self._push(seg, pcm, phonemes)
-                        if utterance.first_push_at is None:
-                            utterance.first_push_at = self._clock()
-                    if resampler is not None:
-                        await self._push(seg, resampler.flush())
-                await self.output.end_segment(seg.segment_id)
-                seg.complete = True
-                self._progress.set()
+                    if await self._play(seg, chunks, utterance, on_tts_audio):
+                        on_tts_audio = None
+                await self._end(seg)
+
+    async def play(
+        self,
+        chunks: AsyncGenerator[AudioChunk, None],
+        utterance: Utterance,
+        *,
+        on_audio: Callable[[], None] | None = None,
+    ) -> Segment:
+        """Speech that comes as audio (a speech-to-speech model's reply): one segment, its text
+        unknown until the end (set ``Segment.text`` as it becomes known)."""
+        async with self._lock, contextlib.aclosing(chunks):
+            seg = self._segment("", utterance)
+            await self._play(seg, chunks, utterance, on_audio)
+            await self._end(seg)
+        return seg
+
+    def _segment(self, text: str, utterance: Utterance) -> Segment:
+        seg = Segment(
+            self._next_segment, text, self._frame_samples, sample_rate=self.output.sample_rate
+        )
+        self._next_segment += 1
+        self._segments[seg.segment_id] = seg
+        utterance.segments.append(seg)
+        return seg
+
+    async def _end(self, seg: Segment) -> None:
+        await self.output.end_segment(seg.segment_id)
+        seg.complete = True
+        self._progress.set()
+
+    async def _play(
+        self,
+        seg: Segment,
+        chunks: AsyncGenerator[AudioChunk, None],
+        utterance: Utterance,
+        on_audio: Callable[[], None] | None,
+    ) -> bool:
+        """Push one segment's audio as it comes; True when any came."""
+        loop = asyncio.get_running_loop()
+        rate = self.output.sample_rate
+        first = True
+        # One resampler per segment: its chunks join as one stream would.
+        resampler: StreamResampler | None = None
+        # And one estimator, for a voice that gives no phoneme timing.
+        estimating: EstimatorStream | None = None
+        async for chunk in chunks:
+            if first:
+                # Voices lead with up to a few hundred ms of silence: time the caller would
+                # spend waiting for the answer to begin.
+                trimmed = _trimmed(chunk)
+                seg.lead_s = (len(chunk.pcm) - len(trimmed.pcm)) / chunk.sample_rate
+                chunk = trimmed
+                first = False
+            if on_audio is not None:
+                on_audio()
+                on_audio = None
+            if resampler is None or resampler.src_rate != chunk.sample_rate:
+                if resampler is not None:
+                    await self._push(seg, resampler.flush())
+                resampler = StreamResampler(chunk.sample_rate, rate)
+            if not chunk.phonemes and len(chunk.pcm):
+                if estimating is None:
+                    estimating = _estimator_stream(chunk.sample_rate)
+                if estimating is not None:
+                    spans = await loop.run_in_executor(self._executor, estimating.feed, chunk.pcm)
+                    chunk = AudioChunk(chunk.pcm, chunk.sample_rate, spans)
+            # The chunk's sound comes out that much later than it went in.
+            phonemes = _shifted(chunk.phonemes, resampler.behind_s)
+            pcm = await loop.run_in_executor(self._executor, resampler.feed, chunk.pcm)
+            await self._push(seg, pcm, phonemes)
+            if utterance.first_push_at is None:
+                utterance.first_push_at = self._clock()
+        if resampler is not None:
+            await self._push(seg, resampler.flush())
+        return not first
 
     async def _push(
         self, seg: Segment, pcm: np.ndarray, phonemes: tuple[PhonemeSpan, ...] = ()

@@ -26,6 +26,8 @@ from rtc_server.call_tasks import CallTasks
 from rtc_server.media.scheduler import Unit
 from rtc_server.metrics import Metrics
 from rtc_server.providers.base import LLM, STT, TTS, ProviderError
+from rtc_server.providers.openai_realtime import OpenAIRealtime
+from rtc_server.realtime_turns import RealtimeTurns
 from rtc_server.sentences import SentenceSplitter, bounded_pieces
 from rtc_server.speech import SpeechOutput, Utterance
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT, Conversation, TurnTimer
@@ -70,6 +72,9 @@ class Providers:
     vad: SileroModel | None = None
     fallback_tts: TTS | None = None
     """The local voice, for a spoken apology when a cloud TTS fails."""
+    realtime: OpenAIRealtime | None = None
+    """A speech-to-speech model that hears and answers in place of STT, LLM and TTS (which
+    still speaks says)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +113,27 @@ class TurnController:
         self.last_activity = clock()
         """When the caller spoke, typed or a say came in, or the state last changed."""
         self._sink = sink
-        self._tasks = tasks
+        self.tasks = tasks
         self._metrics = metrics
-        self._log = log
+        self.log = log
         self._speaking: set[asyncio.Task[Any]] = set()
         """Tasks producing speech (says and replies): barge-in cancels them all."""
         self._early_transcript: asyncio.Task[str] | None = None
+        self.realtime = (
+            RealtimeTurns(self, providers.realtime) if providers.realtime is not None else None
+        )
+
+    def start(self) -> None:
+        """The call is up."""
+        if self.realtime is not None:
+            self.realtime.start()
+
+    @property
+    def listens(self) -> bool:
+        """Whether the caller's speech is heard (it needs the VAD and something to hear it)."""
+        return self.providers.vad is not None and (
+            self.providers.stt is not None or self.realtime is not None
+        )
 
     # -- in --------------------------------------------------------------------------------
 
@@ -121,8 +141,14 @@ class TurnController:
         self.touch()
         if isinstance(event, SpeechStart):
             if self.settings.barge_in and self.state is not CallState.LISTENING:
-                self._log.info("barge-in")
+                self.log.info("barge-in")
                 self.interrupt()
+            if self.realtime is not None:
+                self.realtime.speech_started(event.at, self.settings.vad.pre_roll_ms / 1000)
+        elif self.realtime is not None:
+            if isinstance(event, SpeechEnd):
+                self.interrupt()
+                self.start_turn(self.realtime.speech_ended(self._timer(event)))
         elif isinstance(event, SpeechPause):
             # Transcribe while the hang-over runs: if the caller stays quiet, the text is
             # (nearly) ready when the turn ends, instead of only starting then.
@@ -131,17 +157,21 @@ class TurnController:
             # last sound; Whisper needs the silence after a word to hear its ending ("France"
             # came out "friends" without it). The end-of-turn audio has it from the hang-over.
             audio = np.concatenate([event.audio, np.zeros(PAUSE_TAIL, np.int16)])
-            self._early_transcript = self._tasks.spawn(
+            self._early_transcript = self.tasks.spawn(
                 self._transcribe(audio), "early-stt", quiet=True
             )
         elif isinstance(event, SpeechResume):
             self._drop_early_transcript()
         elif isinstance(event, SpeechEnd):
-            timer = TurnTimer(self.clock() - (event.detected_at - event.at), clock=self.clock)
-            timer.vad_end_s = event.detected_at - event.at
+            timer = self._timer(event)
             early, self._early_transcript = self._early_transcript, None
             self.interrupt()
-            self._start_turn(self._hear(event, timer, early))
+            self.start_turn(self._hear(event, timer, early))
+
+    def _timer(self, event: SpeechEnd) -> TurnTimer:
+        timer = TurnTimer(self.clock() - (event.detected_at - event.at), clock=self.clock)
+        timer.vad_end_s = event.detected_at - event.at
+        return timer
 
     def handle(self, event: ClientEvent) -> None:
         """One valid message from the caller's data channel.
@@ -159,11 +189,16 @@ class TurnController:
     def typed(self, text: str) -> None:
         """A turn the caller typed: answered as if spoken, after what is playing is cut."""
         self.touch()
+        if self.realtime is not None:
+            self.interrupt()
+            timer = TurnTimer(self.clock(), clock=self.clock)
+            self.start_turn(self.realtime.typed(text, timer))
+            return
         if self.providers.llm is None:
             self.send({"type": "error", "code": "not_available", "message": "no LLM is configured"})
             return
         self.interrupt()
-        self._start_turn(self._reply(text, TurnTimer(self.clock(), clock=self.clock)))
+        self.start_turn(self._reply(text, TurnTimer(self.clock(), clock=self.clock)))
 
     def say(self, text: str, *, interrupt: bool = False) -> str:
         """Queue ``text`` to be spoken verbatim; returns its utterance id.
@@ -180,7 +215,7 @@ class TurnController:
         if interrupt:
             self.interrupt()
         utterance_id = uuid.uuid4().hex
-        task = self._tasks.spawn(self._say(text), f"say-{utterance_id[:8]}")
+        task = self.tasks.spawn(self._say(text), f"say-{utterance_id[:8]}")
         self._speaking.add(task)
         task.add_done_callback(self._speaking.discard)
         self._metrics.utterances.inc()
@@ -193,19 +228,21 @@ class TurnController:
 
     def interrupt(self) -> None:
         """Stop speaking now: text queued, synthesis in flight and frames rendered are dropped."""
+        if self.realtime is not None:
+            self.realtime.interrupted()
         for task in list(self._speaking):
             task.cancel()
         self._speaking.clear()
         self.speech.clear()
-        self._set_state(CallState.LISTENING)
+        self.set_state(CallState.LISTENING)
 
     def on_unit(self, index: int, unit: Unit) -> None:
         """Called as each unit is presented: drives the state events."""
         if unit.speaking and self.speech.is_live(unit.segment_id):
             self.speech.on_unit(unit)
-            self._set_state(CallState.SPEAKING)
+            self.set_state(CallState.SPEAKING)
         elif self.state is CallState.SPEAKING and not self._speaking:
-            self._set_state(CallState.LISTENING)
+            self.set_state(CallState.LISTENING)
 
     # -- out -------------------------------------------------------------------------------
 
@@ -219,7 +256,7 @@ class TurnController:
         """Something happened in the call (for its idle limit)."""
         self.last_activity = self.clock()
 
-    def _set_state(self, state: CallState) -> None:
+    def set_state(self, state: CallState) -> None:
         if state is not self.state:
             self.state = state
             self.touch()
@@ -237,28 +274,28 @@ class TurnController:
         assert stt is not None
         return await stt.transcribe(audio, VAD_RATE)
 
-    def _start_turn(self, coro: Awaitable[None]) -> None:
-        task = self._tasks.spawn(coro, "turn")
+    def start_turn(self, coro: Awaitable[None]) -> None:
+        task = self.tasks.spawn(coro, "turn")
         self._speaking.add(task)
         task.add_done_callback(self._speaking.discard)
 
     async def _hear(
         self, event: SpeechEnd, timer: TurnTimer, early: asyncio.Task[str] | None
     ) -> None:
-        self._set_state(CallState.THINKING)
+        self.set_state(CallState.THINKING)
         # stt_ms counts from the end of the turn: the share of transcription the hang-over
         # did not already hide.
         timer.mark("stt_start")
         try:
             text = await (early if early is not None else self._transcribe(event.audio))
         except ProviderError as exc:
-            self._log.warning("STT failed: %s", exc)
+            self.log.warning("STT failed: %s", exc)
             self.error(exc.code, exc.public_message("speech recognition"))
-            await self._apologize()
+            await self.apologize()
             return
         timer.mark("stt_end")
         if not text:
-            self._set_state(CallState.LISTENING)
+            self.set_state(CallState.LISTENING)
             return
         self.send({"type": "transcript", "text": text, "final": True})
         await self._reply(text, timer)
@@ -266,7 +303,7 @@ class TurnController:
     async def _reply(self, text: str, timer: TurnTimer) -> None:
         llm = self.providers.llm
         assert llm is not None
-        self._set_state(CallState.THINKING)
+        self.set_state(CallState.THINKING)
         self.conversation.add("user", text)
         utterance = Utterance()
         try:
@@ -280,15 +317,15 @@ class TurnController:
                 timer.mark("engine_first_push", utterance.first_push_at)
             await self.speech.wait_played(utterance)
         except ProviderError as exc:
-            self._log.warning("reply failed: %s", exc)
+            self.log.warning("reply failed: %s", exc)
             self.error(exc.code, exc.public_message("the reply"))
-            await self._apologize()
+            await self.apologize()
         except Exception:
             # Not the provider's failure but ours: without the apology's speech the call
             # would stay "thinking" (and never idle out).
-            self._log.exception("reply failed")
+            self.log.exception("reply failed")
             self.error("internal", "the reply failed")
-            await self._apologize()
+            await self.apologize()
         finally:
             self.conversation.add("assistant", utterance.played_text())
             self.speech.forget(utterance)
@@ -296,7 +333,7 @@ class TurnController:
                 timer.mark("engine_first_push", utterance.first_push_at)
             if utterance.first_played_at is not None:
                 timer.mark("first_frame", utterance.first_played_at)
-            self._finish_turn(timer)
+            self.finish_turn(timer)
 
     async def _sentences(self, llm: LLM, timer: TurnTimer) -> AsyncGenerator[str, None]:
         splitter = SentenceSplitter()
@@ -312,14 +349,14 @@ class TurnController:
             timer.mark("tts_start")
             yield rest
 
-    def _finish_turn(self, timer: TurnTimer) -> None:
+    def finish_turn(self, timer: TurnTimer) -> None:
         metrics = timer.metrics()
         self.last_turn = metrics
         for name, value in metrics.items():
             self._metrics.turn_stage.labels(name.removesuffix("_ms")).observe(value / 1000)
         self.send({"type": "turn", "turn_id": uuid.uuid4().hex, "metrics": metrics})
 
-    async def _apologize(self) -> None:
+    async def apologize(self) -> None:
         voice = self.providers.fallback_tts or self.providers.tts
         utterance = Utterance()
         with contextlib.suppress(ProviderError):
@@ -333,10 +370,10 @@ class TurnController:
             await self.speech.speak(self.providers.tts, _pieces(text), utterance)
             await self.speech.wait_played(utterance)
         except ProviderError as exc:
-            self._log.warning("say failed: %s", exc)
+            self.log.warning("say failed: %s", exc)
             self.error(exc.code, exc.public_message("speech synthesis"))
         except Exception:
-            self._log.exception("say failed")
+            self.log.exception("say failed")
             self.error("internal", "speech synthesis failed")
         finally:
             self.speech.forget(utterance)

@@ -18,6 +18,7 @@ import aiohttp
 from rtc_server.config import ServerConfig
 from rtc_server.providers.base import LLM, STT, TTS
 from rtc_server.providers.http import ELEVENLABS_BASE_URL, HTTPPolicy
+from rtc_server.providers.openai_realtime import OpenAIRealtime
 from rtc_server.providers.openai_sdk import OPENAI_BASE_URL, openai_client
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class Chosen:
     tts: TTS
     local_tts: TTS
     choices: tuple[Choice, ...]
+    realtime: OpenAIRealtime | None = None
+    """``--conversation openai-realtime``: the model that hears and answers."""
     openai: AsyncOpenAI | None = None
     """The SDK client every OpenAI provider here shares; the app closes it at shutdown."""
 
@@ -107,13 +110,24 @@ def load_providers(
         read_timeout_s=config.conversation.provider_read_timeout_s,
     )
 
+    realtime = _realtime(config, policy)
+    if realtime is not None:
+        # The model hears the caller and writes the replies: no STT to load, no LLM to ask.
+        why = "--conversation openai-realtime"
+        stt_choice = Choice("stt", realtime.name, why)
+        llm_choice = Choice("llm", realtime.name, why)
+
     # One SDK client (one connection pool) for every OpenAI provider of the app.
     openai: AsyncOpenAI | None = None
-    if "openai" in (stt_choice.name, llm_choice.name, tts_choice.name):
+    if realtime is not None:
+        openai = realtime.client
+    elif "openai" in (stt_choice.name, llm_choice.name, tts_choice.name):
         openai = openai_client(key, base, policy)
 
     stt: STT | None
-    if stt_choice.name == "openai":
+    if realtime is not None:
+        stt = None
+    elif stt_choice.name == "openai":
         from rtc_server.providers.openai_stt import OpenAISTT
 
         assert openai is not None
@@ -130,7 +144,7 @@ def load_providers(
             stt_choice = Choice("stt", "none", f"{exc}; calls take typed turns only")
 
     llm: LLM
-    if llm_choice.name == "openai":
+    if realtime is None and llm_choice.name == "openai":
         from rtc_server.providers.openai_llm import OpenAILLM
 
         assert openai is not None
@@ -172,4 +186,27 @@ def load_providers(
     choices = (stt_choice, llm_choice, tts_choice)
     for c in choices:
         logger.info("%s: %s (%s)", c.slot, c.name, c.reason)
-    return Chosen(stt, llm, tts, local_tts, choices, openai=openai)
+    return Chosen(stt, llm, tts, local_tts, choices, realtime, openai=openai)
+
+
+def _realtime(config: ServerConfig, policy: HTTPPolicy) -> OpenAIRealtime | None:
+    conversation = config.conversation
+    if conversation.mode != "openai-realtime":
+        return None
+    from rtc_server.providers.openai_realtime import RealtimeSettings
+    from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
+
+    client = openai_client(
+        conversation.openai_api_key, conversation.openai_base_url or OPENAI_BASE_URL, policy
+    )
+    settings = RealtimeSettings(
+        model=conversation.realtime_model,
+        voice=conversation.realtime_voice,
+        instructions=conversation.system_prompt or DEFAULT_SYSTEM_PROMPT,
+        transcription_model=conversation.realtime_transcription_model or None,
+        service_turns=conversation.realtime_turns == "service",
+        connect_timeout_s=policy.connect_timeout_s,
+        read_timeout_s=policy.read_timeout_s,
+        max_session_s=conversation.realtime_session_s,
+    )
+    return OpenAIRealtime(client, settings)
