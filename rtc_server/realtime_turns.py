@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rtc_server.providers.base import ProviderError
 from rtc_server.providers.openai_realtime import SAMPLE_RATE, OpenAIRealtime, RealtimeReply
 from rtc_server.sentences import SentenceSplitter
 from rtc_server.speech import Utterance
@@ -180,23 +179,11 @@ class RealtimeTurns:
             if utterance.first_push_at is not None:
                 timer.mark("engine_first_push", utterance.first_push_at)
             await turns.speech.wait_played(utterance)
-        except ProviderError as exc:
-            turns.log.warning("reply failed: %s", exc)
-            turns.error(exc.code, exc.public_message("the reply"))
-            await turns.apologize()
-        except Exception:
-            turns.log.exception("reply failed")
-            turns.error("internal", "the reply failed")
-            await turns.apologize()
+        except Exception as exc:
+            await turns.reply_failed(exc)
         finally:
             if self._live is live:
                 self._live = None
             for seg in utterance.segments:
                 seg.text = reply.transcript
-            turns.conversation.add("assistant", utterance.played_text())
-            turns.speech.forget(utterance)
-            if utterance.first_push_at is not None:
-                timer.mark("engine_first_push", utterance.first_push_at)
-            if utterance.first_played_at is not None:
-                timer.mark("first_frame", utterance.first_played_at)
-            turns.finish_turn(timer)
+            turns.reply_ended(utterance, timer)

@@ -316,24 +316,33 @@ class TurnController:
             if utterance.first_push_at is not None:
                 timer.mark("engine_first_push", utterance.first_push_at)
             await self.speech.wait_played(utterance)
-        except ProviderError as exc:
+        except Exception as exc:
+            await self.reply_failed(exc)
+        finally:
+            self.reply_ended(utterance, timer)
+
+    async def reply_failed(self, exc: Exception) -> None:
+        """A reply broke off: the caller is told how, and hears the apology."""
+        if isinstance(exc, ProviderError):
             self.log.warning("reply failed: %s", exc)
             self.error(exc.code, exc.public_message("the reply"))
-            await self.apologize()
-        except Exception:
+        else:
             # Not the provider's failure but ours: without the apology's speech the call
             # would stay "thinking" (and never idle out).
-            self.log.exception("reply failed")
+            self.log.exception("reply failed", exc_info=exc)
             self.error("internal", "the reply failed")
-            await self.apologize()
-        finally:
-            self.conversation.add("assistant", utterance.played_text())
-            self.speech.forget(utterance)
-            if utterance.first_push_at is not None:
-                timer.mark("engine_first_push", utterance.first_push_at)
-            if utterance.first_played_at is not None:
-                timer.mark("first_frame", utterance.first_played_at)
-            self.finish_turn(timer)
+        await self.apologize()
+
+    def reply_ended(self, utterance: Utterance, timer: TurnTimer) -> None:
+        """A reply is over (played, failed or cut): its heard part goes into the history and
+        the turn's metrics out."""
+        self.conversation.add("assistant", utterance.played_text())
+        self.speech.forget(utterance)
+        if utterance.first_push_at is not None:
+            timer.mark("engine_first_push", utterance.first_push_at)
+        if utterance.first_played_at is not None:
+            timer.mark("first_frame", utterance.first_played_at)
+        self.finish_turn(timer)
 
     async def _sentences(self, llm: LLM, timer: TurnTimer) -> AsyncGenerator[str, None]:
         splitter = SentenceSplitter()
