@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.client import CallClient
-from rtc_server.engine_factory import EngineFactory
-from tests.conftest import LiveServer, start_server
-from tests.vendor_servers import (
+from benchmarks.vendor_standin import (
     CHAT,
     ELEVENLABS,
     ELEVENLABS_KEY,
@@ -24,6 +22,8 @@ from tests.vendor_servers import (
     VendorServer,
     chat_stream,
 )
+from rtc_server.engine_factory import EngineFactory
+from tests.conftest import LiveServer, start_server
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ async def test_speech_recognition_failing_gets_an_error_and_an_apology(
 ) -> None:
     from benchmarks.clip import speech_pcm
     from benchmarks.latency import connect_caller
-    from tests.vendor_servers import TRANSCRIPTIONS
+    from benchmarks.vendor_standin import TRANSCRIPTIONS
 
     # The vendor's own words name the account: they go to the log, not to the caller.
     detail = b'{"error": {"message": "key sk-proj-42 of org-acme revoked", "code": "bad_key"}}'

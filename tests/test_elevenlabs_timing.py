@@ -12,13 +12,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from musetalk_core.types import AudioChunk, PhonemeSpan
-from musetalk_core.visemes import viseme_of
-from rtc_server.providers.base import ProviderError
-from rtc_server.providers.char_phonemes import MAX_WORD_S, CharacterTiming, phonemize_word
-from rtc_server.providers.elevenlabs_tts import ElevenLabsTTS
-from rtc_server.providers.http import HTTPPolicy
-from tests.vendor_servers import (
+from benchmarks.vendor_standin import (
     ELEVENLABS,
     ELEVENLABS_KEY,
     Reply,
@@ -26,6 +20,12 @@ from tests.vendor_servers import (
     elevenlabs_line,
     tone,
 )
+from musetalk_core.types import AudioChunk, PhonemeSpan
+from musetalk_core.visemes import viseme_of
+from rtc_server.providers.base import ProviderError
+from rtc_server.providers.char_phonemes import MAX_WORD_S, CharacterTiming, phonemize_word
+from rtc_server.providers.elevenlabs_tts import ElevenLabsTTS
+from rtc_server.providers.http import HTTPPolicy
 
 FAST = HTTPPolicy(connect_timeout_s=1.0, read_timeout_s=0.5, total_timeout_s=5.0, max_attempts=1)
 TEXT = "My mother bought a big blue map for five pounds."

@@ -28,11 +28,7 @@ import pytest
 
 from benchmarks.analysis import loud_frames, voiced_span
 from benchmarks.client import CallClient
-from rtc_server.engine_factory import EngineFactory
-from rtc_server.media.resilient_engine import STALL_S
-from tests.conftest import LiveServer, start_server
-from tests.reliability import trials
-from tests.vendor_servers import (
+from benchmarks.vendor_standin import (
     CHAT,
     ELEVENLABS,
     ELEVENLABS_KEY,
@@ -44,10 +40,14 @@ from tests.vendor_servers import (
     elevenlabs_line,
     tone,
 )
+from rtc_server.engine_factory import EngineFactory
+from rtc_server.media.resilient_engine import STALL_S
+from tests.conftest import LiveServer, start_server
+from tests.reliability import trials
 
 READ_TIMEOUT_S = 1.0
 """The servers' provider read timeout here: how long a stalled stream is waited for."""
-TONE_HZ = 220  # what the vendor stand-ins' TTS says (tests/vendor_servers.tone)
+TONE_HZ = 220  # what the vendor stand-ins' TTS says (benchmarks/vendor_standin.tone)
 
 
 def tone_share(pcm: np.ndarray) -> float:

@@ -18,20 +18,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from rtc_server.providers.base import LLM, STT, TTS, ChatMessage, ProviderError
-from rtc_server.providers.elevenlabs_tts import DEFAULT_VOICE_ID, ElevenLabsTTS
-from rtc_server.providers.http import (
-    DEFAULT_POLICY,
-    HTTPPolicy,
-    parse_retry_after,
-    status_error,
-    vendor_detail,
-)
-from rtc_server.providers.openai_llm import OpenAILLM, SSEDecoder
-from rtc_server.providers.openai_sdk import OPENAI_BASE_URL, openai_client
-from rtc_server.providers.openai_stt import OpenAISTT
-from rtc_server.providers.openai_tts import OpenAITTS
-from tests.vendor_servers import (
+from benchmarks.vendor_standin import (
     CHAT,
     ELEVENLABS,
     ELEVENLABS_KEY,
@@ -48,6 +35,19 @@ from tests.vendor_servers import (
     sse,
     tone,
 )
+from rtc_server.providers.base import LLM, STT, TTS, ChatMessage, ProviderError
+from rtc_server.providers.elevenlabs_tts import DEFAULT_VOICE_ID, ElevenLabsTTS
+from rtc_server.providers.http import (
+    DEFAULT_POLICY,
+    HTTPPolicy,
+    parse_retry_after,
+    status_error,
+    vendor_detail,
+)
+from rtc_server.providers.openai_llm import OpenAILLM, SSEDecoder
+from rtc_server.providers.openai_sdk import OPENAI_BASE_URL, openai_client
+from rtc_server.providers.openai_stt import OpenAISTT
+from rtc_server.providers.openai_tts import OpenAITTS
 
 FAST = HTTPPolicy(
     connect_timeout_s=1.0,

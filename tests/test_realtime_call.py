@@ -1,5 +1,5 @@
 """Calls whose model hears and speaks (``--conversation openai-realtime``), against a local
-stand-in of the Realtime API (tests/realtime_server.py) over a real WebRTC call."""
+stand-in of the Realtime API (benchmarks/realtime_standin.py) over a real WebRTC call."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from benchmarks.analysis import av_offset, mouth_motion, stream_times
 from benchmarks.client import CallClient
 from benchmarks.clip import speech_pcm
 from benchmarks.latency import connect_caller
+from benchmarks.realtime_standin import KEY, RATE, RealtimeStandIn
 from rtc_server.engine_factory import VIDEO_FPS, EngineFactory
 from rtc_server.media.resample import resample_int16
 from tests.conftest import LiveServer, start_server
-from tests.realtime_server import KEY, RATE, RealtimeStandIn
 from tests.waiting import wait_until
 
 QUESTION = "What is the capital of France?"

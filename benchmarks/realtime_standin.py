@@ -11,7 +11,8 @@ What a test can script: refused handshakes (:attr:`refuse`, an HTTP status each)
 response a failure (:meth:`fail_next`): ``"close"`` hangs up mid-response, ``"error"`` sends an
 ``error`` event in its place, ``"rate_limit"`` ends it ``failed`` with ``rate_limit_exceeded``.
 Everything a client sent is kept per connection, and a malformed event is a violation (an
-``error`` event back, and listed in :attr:`violations`, which tests assert empty).
+``error`` event back, and listed in :attr:`violations`, which tests assert empty). The tests
+use it, and so does ``bench realtime``.
 """
 
 from __future__ import annotations

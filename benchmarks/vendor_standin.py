@@ -5,7 +5,8 @@ transcriptions (multipart in, JSON out) and audio speech (raw 24 kHz PCM, chunke
 ElevenLabs' streaming text-to-speech (raw PCM at the requested rate). Unless a test scripted
 something else, each route answers like the vendor does on success, and a wrong key gets the
 vendor's 401. Every request is recorded, with the TCP peer it came on, so tests can assert
-paths, headers, bodies and connection reuse.
+paths, headers, bodies and connection reuse. The tests use it, and ``bench realtime`` runs
+the STT -> LLM -> TTS path against it with a fixed simulated service time per request.
 """
 
 from __future__ import annotations
@@ -200,8 +201,11 @@ class VendorServer:
         reply_deltas: Sequence[str] = ("Hello", " there", "! How", " can I", " help?"),
         transcript: str = "what's the weather like",
         speech_seconds: float = 0.5,
+        delay_s: float = 0.0,
     ) -> None:
         self.reply_deltas = list(reply_deltas)
+        self.delay_s = delay_s
+        """Simulated service time before every answer a test did not script."""
         self.transcript = transcript
         self.speech_seconds = speech_seconds
         self.requests: list[Recorded] = []
@@ -323,7 +327,7 @@ class VendorServer:
 
     def _next(self, route: str) -> Reply:
         script = self._scripts[route]
-        return script.popleft() if script else Reply()
+        return script.popleft() if script else Reply(delay_s=self.delay_s)
 
     def _record(
         self,
