@@ -52,7 +52,9 @@ class BeepTTS:
     name = "beeps"
     sample_rate = RATE
 
-    async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
+    async def synthesize(
+        self, text: str, *, previous_text: str = ""
+    ) -> AsyncGenerator[AudioChunk, None]:
         yield AudioChunk(beep_track(), RATE)
 
 

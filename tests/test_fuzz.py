@@ -1906,7 +1906,7 @@ class FailingTTS:
     name = "failing"
     sample_rate = 22_050
 
-    async def synthesize(self, text: str) -> Any:
+    async def synthesize(self, text: str, *, previous_text: str = "") -> Any:
         raise RuntimeError("synthesis blew up")
         yield  # an async generator, like every voice
 

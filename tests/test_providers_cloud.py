@@ -803,6 +803,24 @@ async def test_elevenlabs_output_format_sets_the_rate(
     assert request.json["model_id"] == "eleven_turbo_v2_5"
 
 
+async def test_elevenlabs_sends_previous_text_only_when_there_is_some(
+    server: VendorServer, session: aiohttp.ClientSession
+) -> None:
+    tts = ElevenLabsTTS(
+        session, api_key=ELEVENLABS_KEY, base_url=server.elevenlabs_base, policy=FAST
+    )
+    for previous in ("Hello there.", "", " \n"):
+        _ = [chunk async for chunk in tts.synthesize("How are you?", previous_text=previous)]
+    with_context, without, blank = (request.json for request in server.seen(ELEVENLABS))
+    assert with_context == {
+        "text": "How are you?",
+        "model_id": "eleven_flash_v2_5",
+        "previous_text": "Hello there.",
+    }
+    assert "previous_text" not in without and "previous_text" not in blank
+    assert "next_text" not in with_context  # the next sentence is not known yet
+
+
 def test_elevenlabs_rejects_compressed_formats() -> None:
     with pytest.raises(ValueError, match="raw PCM"):
         ElevenLabsTTS(None, api_key="k", output_format="mp3_44100_128")  # type: ignore[arg-type]

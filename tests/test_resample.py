@@ -103,7 +103,9 @@ async def test_a_cloud_voices_chunks_reach_the_engine_as_one_stream(rate: int) -
         name = "chunked"
         sample_rate = rate
 
-        async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
+        async def synthesize(
+            self, text: str, *, previous_text: str = ""
+        ) -> AsyncGenerator[AudioChunk, None]:
             for i in range(0, len(sentence), step):
                 yield AudioChunk(sentence[i : i + step], rate)
 

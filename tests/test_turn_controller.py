@@ -87,7 +87,9 @@ class FakeTTS:
     def __init__(self) -> None:
         self.spoken: list[str] = []
 
-    async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
+    async def synthesize(
+        self, text: str, *, previous_text: str = ""
+    ) -> AsyncGenerator[AudioChunk, None]:
         self.spoken.append(text)
         yield AudioChunk(np.full(int(48_000 * SENTENCE_S), 3000, np.int16), 48_000)
 
@@ -333,7 +335,9 @@ def test_states_are_the_event_names() -> None:
 @pytest.mark.parametrize("kind", ["say", "text"])
 async def test_a_failing_voice_is_told_and_the_call_listens_again(kind: str) -> None:
     class BrokenTTS(FakeTTS):
-        async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
+        async def synthesize(
+            self, text: str, *, previous_text: str = ""
+        ) -> AsyncGenerator[AudioChunk, None]:
             raise ProviderError("fake-tts", "hoarse", retryable=False, code="tts_failed")
             yield  # pragma: no cover
 

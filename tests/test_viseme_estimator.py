@@ -121,7 +121,9 @@ async def test_speech_without_timing_reaches_the_engine_with_estimated_phonemes(
         def __init__(self, timed: bool) -> None:
             self.timed = timed
 
-        async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
+        async def synthesize(
+            self, text: str, *, previous_text: str = ""
+        ) -> AsyncGenerator[AudioChunk, None]:
             step = rate // 10
             for i in range(0, len(pcm), step):
                 part = pcm[i : i + step]

@@ -89,4 +89,8 @@ class TTS(Protocol):
     @property
     def sample_rate(self) -> int: ...
 
-    def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]: ...
+    def synthesize(self, text: str, *, previous_text: str = "") -> AsyncGenerator[AudioChunk, None]:
+        """Speak ``text``. ``previous_text``: what was just spoken before it in the same
+        utterance ("" for none), so a voice that can may carry its prosody on; others ignore it.
+        """
+        ...

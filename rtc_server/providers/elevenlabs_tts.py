@@ -121,13 +121,20 @@ class ElevenLabsTTS:
     def sample_rate(self) -> int:
         return PCM_FORMATS[self.output_format]
 
-    async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
+    async def synthesize(
+        self, text: str, *, previous_text: str = ""
+    ) -> AsyncGenerator[AudioChunk, None]:
+        """``previous_text``, when not blank, goes as the request's ``previous_text``: the
+        service speaks ``text`` as what follows it (a reply's sentence in the reply's tone)."""
         if not text.strip():
             return
+        body = {"text": text, "model_id": self.model_id}
+        if previous_text.strip():
+            body["previous_text"] = previous_text
         chunks = self._client.stream(
             f"/v1/text-to-speech/{quote(self.voice_id, safe='')}/stream/with-timestamps",
             self._read,
-            json_body={"text": text, "model_id": self.model_id},
+            json_body=body,
             params={"output_format": self.output_format},
         )
         # aclosing: when our caller stops early, the request must be closed now, not at GC.

@@ -70,7 +70,10 @@ class OpenAITTS:
     def sample_rate(self) -> int:
         return OPENAI_PCM_RATE
 
-    async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
+    async def synthesize(
+        self, text: str, *, previous_text: str = ""
+    ) -> AsyncGenerator[AudioChunk, None]:
+        """``previous_text`` is ignored: the speech endpoint takes no context."""
         if not text.strip():
             return
         # aclosing: when our caller stops early, the request must be closed now, not at GC.

@@ -96,7 +96,10 @@ class PiperTTS:
     def sample_rate(self) -> int:
         return int(self._voice.config.sample_rate)
 
-    async def synthesize(self, text: str) -> AsyncGenerator[AudioChunk, None]:
+    async def synthesize(
+        self, text: str, *, previous_text: str = ""
+    ) -> AsyncGenerator[AudioChunk, None]:
+        """``previous_text`` is ignored: Piper speaks each text on its own."""
         loop = asyncio.get_running_loop()
         stop = threading.Event()
         sentences: Iterator[Any] = iter(
