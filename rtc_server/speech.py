@@ -127,16 +127,21 @@ class SpeechOutput:
         *,
         on_tts_audio: Callable[[], None] | None = None,
     ) -> None:
-        """Synthesize each sentence as it arrives and push it into the engine, in order."""
+        """Synthesize each sentence as it arrives and push it into the engine, in order; each
+        after the first with the ones before it as its ``previous_text`` (their last
+        :data:`PREVIOUS_TEXT_CHARS`)."""
         async with self._lock, contextlib.aclosing(sentences):
             # aclosing: a barge-in cancels us mid-stream, and the LLM's HTTP response behind
             # ``sentences`` must be released now, not whenever the generator is collected.
+            spoken = ""  # the utterance so far, for a voice that continues its prosody
             async for text in sentences:
                 seg = self._segment(text, utterance)
-                async with contextlib.aclosing(tts.synthesize(text)) as chunks:
+                synthesis = tts.synthesize(text, previous_text=spoken)
+                async with contextlib.aclosing(synthesis) as chunks:
                     if await self._play(seg, chunks, utterance, on_tts_audio):
                         on_tts_audio = None
                 await self._end(seg)
+                spoken = recent_text(f"{spoken} {text}")
 
     async def play(
         self,
@@ -232,6 +237,24 @@ class SpeechOutput:
         """Stop counting for ``utterance``; frames of its still in flight count as stale."""
         for seg in utterance.segments:
             self._segments.pop(seg.segment_id, None)
+
+
+PREVIOUS_TEXT_CHARS = 1000
+"""Most of an utterance's earlier text a sentence is synthesized after: its tone, not more."""
+
+
+def recent_text(text: str, limit: int = PREVIOUS_TEXT_CHARS) -> str:
+    """The end of ``text``, at most ``limit`` characters, starting at a word (unless the cut
+    falls in a run without spaces, as in Chinese or Japanese)."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    tail = text[-limit:]
+    if not text[-limit - 1].isspace():
+        rest = tail.split(maxsplit=1)
+        if len(rest) == 2:
+            tail = rest[1]
+    return tail.lstrip()
 
 
 def _estimator_stream(sample_rate: int) -> EstimatorStream | None:

@@ -23,6 +23,7 @@ from benchmarks.vendor_standin import (
     chat_stream,
 )
 from rtc_server.engine_factory import EngineFactory
+from rtc_server.speech import PREVIOUS_TEXT_CHARS, recent_text
 from tests.conftest import LiveServer, start_server
 
 
@@ -81,7 +82,45 @@ async def test_typed_turn_through_cloud_llm_and_tts(
     chat = vendor.seen(CHAT)[0].json
     assert chat["messages"][0]["role"] == "system"
     assert chat["messages"][-1] == {"role": "user", "content": "hello avatar"}
-    assert len(vendor.seen(ELEVENLABS)) == 2  # one request per sentence
+    first, second = (request.json for request in vendor.seen(ELEVENLABS))  # one a sentence
+    # The second sentence is spoken as the continuation of the first; the first starts fresh.
+    assert first["text"] == "Hello there!" and "previous_text" not in first
+    assert second["text"] == "How can I help?" and second["previous_text"] == "Hello there!"
+
+
+async def test_each_sentence_is_spoken_after_the_reply_so_far(
+    cloud_server: LiveServer, vendor: VendorServer
+) -> None:
+    vendor.script(
+        CHAT,
+        Reply(
+            pieces=chat_stream(["The sun is out today. ", "Let us go for a walk. ", "Bring a hat."])
+        ),
+    )
+    client = await _call(cloud_server)
+    try:
+        client.channel.send('{"type": "text", "text": "what now?"}')
+        await client.wait_event(lambda e: e.get("type") == "turn", 20)
+    finally:
+        await client.close()
+    sent = [(r.json["text"], r.json.get("previous_text")) for r in vendor.seen(ELEVENLABS)]
+    assert sent == [
+        ("The sun is out today.", None),
+        ("Let us go for a walk.", "The sun is out today."),
+        ("Bring a hat.", "The sun is out today. Let us go for a walk."),
+    ]
+
+
+def test_the_reply_so_far_is_capped_at_a_word() -> None:
+    assert recent_text("  Short enough.  ") == "Short enough."
+    words = " ".join(f"word{i}" for i in range(400))  # ~3000 characters
+    tail = recent_text(words)
+    assert len(tail) <= PREVIOUS_TEXT_CHARS and words.endswith(tail)
+    assert tail.split()[0] in words.split()  # starts at a whole word
+    assert len(tail) > PREVIOUS_TEXT_CHARS - 10
+    assert recent_text("abcdef ghij", limit=6) == "ghij"  # cut mid-word: from the next
+    assert recent_text("abcde fghij", limit=6) == "fghij"  # cut at the space
+    assert recent_text("今日はいい天気ですね", limit=4) == "気ですね"  # no spaces: as cut
 
 
 async def test_llm_rejecting_the_key_gets_an_error_and_an_apology(
@@ -120,6 +159,8 @@ async def test_tts_failing_after_retries_degrades_to_the_local_voice(
     finally:
         await client.close()
     assert len(vendor.seen(ELEVENLABS)) >= 2  # retried before giving up
+    say = vendor.seen(ELEVENLABS)[-1].json
+    assert say["text"] == "Back again." and "previous_text" not in say
 
 
 async def test_first_sentence_plays_while_the_llm_is_still_writing(
