@@ -27,9 +27,12 @@ SAYS = (
 )
 
 
-async def _server(factory: EngineFactory | None = None) -> tuple[str, web.AppRunner, Any]:
+async def _server(
+    factory: EngineFactory | None = None, **settings: Any
+) -> tuple[str, web.AppRunner, Any]:
+    """The server in this process on a free 127.0.0.1 port, with ``settings`` as config fields."""
     cache = Path(tempfile.gettempdir()) / "avatar-rtc-bench"
-    config = ServerConfig.of(cache_dir=cache, ice_addresses=("127.0.0.1",))
+    config = ServerConfig.of(cache_dir=cache, ice_addresses=("127.0.0.1",), **settings)
     factory = factory or load_engine_factory(config)
     app = create_app(config, engine_loader=lambda: factory)
     runner = web.AppRunner(app, access_log=None)

@@ -213,6 +213,21 @@ def _latency(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return {**settings, "spawn": args.spawn, "url": args.url}, r
 
 
+def _conversation(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from benchmarks import conversation
+
+    r = conversation.run(args.turns, args.service_delay_ms, args.hangover_ms)
+    print(
+        f"every service answers after {r['delay_ms']:.0f} ms; "
+        "ours = first audio - service - hang-over"
+    )
+    print(table(conversation.HEADERS, conversation.rows(r)))
+    if r["standin_violations"]:
+        print("stand-in violations:", *r["standin_violations"], sep="\n  ")
+    settings = {"turns": args.turns, "service_delay_ms": args.service_delay_ms}
+    return {**settings, "hangover_ms": r["vad_hangover_ms"]}, r
+
+
 def _vad(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from benchmarks import vad
 
@@ -436,6 +451,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the server in its own process (no shared event loop with the callers)",
     )
+    con = sub.add_parser(
+        "conversation",
+        help="end of speech -> first reply audio: speech-to-speech vs STT -> LLM -> TTS",
+    )
+    con.add_argument("--turns", type=int, default=10, help="turns per mode")
+    con.add_argument(
+        "--service-delay-ms", type=float, default=200.0, help="every stand-in service's time"
+    )
+    con.add_argument(
+        "--hangover-ms", type=int, default=None, help="the VAD's hang-over (default: serve's)"
+    )
     vad = sub.add_parser("vad", help="Silero VAD cost per 32 ms chunk")
     vad.add_argument("--seconds", type=float, default=30.0)
     vis = sub.add_parser("visemes", help="what phoneme timing, estimates and the stream cost")
@@ -501,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for p in (brw, syn, lod):
         p.add_argument("--url", default=None, help="a running server (default: in-process)")
-    for p in (enc, eng, cal, lat, vad, vis, brw, syn, lod):
+    for p in (enc, eng, cal, lat, con, vad, vis, brw, syn, lod):
         p.add_argument("--json", type=Path, default=None, help="write results here")
         p.add_argument("--plot", type=Path, default=None, help="draw them into this PNG")
     return parser
@@ -514,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine": _engine,
         "call": _call,
         "latency": _latency,
+        "conversation": _conversation,
         "vad": _vad,
         "visemes": _visemes,
         "browser": _browser,

@@ -63,6 +63,35 @@ def first_moving_frame_after(
     return float(later[moving[0]][0]) if moving.size else None
 
 
+async def one_turn(
+    client: CallClient,
+    mic: Microphone,
+    pcm: np.ndarray,
+    mouth_box: tuple[int, int, int, int] | None = None,
+) -> dict[str, Any]:
+    """One spoken question and its answer: client figures by packet arrival, the server's own."""
+    _, voiced_end = voiced_span(pcm, 48_000)
+    start = len(client.received.audio)
+    video_start = len(client.received.video)
+    handle = mic.play(pcm)
+    turn = await client.wait_event(lambda e: e.get("type") == "turn", timeout=60)
+    await client.wait_state("listening", timeout=30)
+    speech_end = mic.sent_at(handle, voiced_end)
+    first = first_loud_after(client.received.audio[start:], speech_end or 0.0)
+    client_ms = None if first is None or speech_end is None else (first - speech_end) * 1000
+    frame_ms = None
+    if mouth_box is not None and speech_end is not None:
+        video = client.received.video[video_start:]
+        moving = first_moving_frame_after(video, mouth_box, speech_end)
+        frame_ms = None if moving is None else (moving - speech_end) * 1000
+        client.received.video.clear()  # the images are big; this turn is done with
+    return {
+        "client_first_audio_ms": client_ms,
+        "client_first_speaking_frame_ms": frame_ms,
+        "server": turn["metrics"],
+    }
+
+
 async def _turns(
     url: str,
     turns: int,
@@ -76,28 +105,7 @@ async def _turns(
     try:
         for i in range(turns):
             pcm = pcms[(i + offset) % len(pcms)]
-            _, voiced_end = voiced_span(pcm, 48_000)
-            start = len(client.received.audio)
-            video_start = len(client.received.video)
-            handle = mic.play(pcm)
-            turn = await client.wait_event(lambda e: e.get("type") == "turn", timeout=60)
-            await client.wait_state("listening", timeout=30)
-            speech_end = mic.sent_at(handle, voiced_end)
-            first = first_loud_after(client.received.audio[start:], speech_end or 0.0)
-            client_ms = None if first is None or speech_end is None else (first - speech_end) * 1000
-            frame_ms = None
-            if mouth_box is not None and speech_end is not None:
-                video = client.received.video[video_start:]
-                moving = first_moving_frame_after(video, mouth_box, speech_end)
-                frame_ms = None if moving is None else (moving - speech_end) * 1000
-                client.received.video.clear()  # the images are big; this turn is done with
-            results.append(
-                {
-                    "client_first_audio_ms": client_ms,
-                    "client_first_speaking_frame_ms": frame_ms,
-                    "server": turn["metrics"],
-                }
-            )
+            results.append(await one_turn(client, mic, pcm, mouth_box))
             progress(f"caller {offset + 1}: turn {i + 1}/{turns}")
             await asyncio.sleep(0.5)
     finally:
@@ -134,7 +142,7 @@ async def _barge_ins(url: str, count: int) -> list[float]:
     return cuts
 
 
-def _stage_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def stage_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     names = sorted({k for r in results for k in r["server"]})
     return {n: summary([r["server"][n] for r in results if n in r["server"]]) for n in names}
 
@@ -176,7 +184,7 @@ async def _measure(
         "calls": calls,
         "turns": len(results),
         "client_first_audio_ms": summary(client),
-        "server_stages_ms": _stage_table(results),
+        "server_stages_ms": stage_table(results),
         "barge_in_ms": summary(cuts),
         "raw": {"turns": results, "barge_in_ms": cuts},
         "elapsed_s": elapsed,

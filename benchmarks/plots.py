@@ -162,6 +162,14 @@ def plot(bench: str, results: Any, path: Path) -> None:
         cpu.set_xlabel("calls")
         cpu.set_ylabel("server CPU per call (% of one core)")
         cpu.legend()
+    elif bench == "conversation":
+        fig, (ax,) = _figure(f"Each service answers after {results['delay_ms']:.0f} ms")
+        for mode, m in results["modes"].items():
+            got = [t["client_first_audio_ms"] for t in m["raw"]]
+            ax.hist([g for g in got if g is not None], bins=20, alpha=0.6, label=mode)
+        ax.set_xlabel("end of speech -> first reply audio (ms)")
+        ax.set_ylabel("turns")
+        ax.legend()
     else:
         raise ValueError(f"no plot for {bench!r}")
     fig.tight_layout()

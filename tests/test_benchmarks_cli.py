@@ -159,6 +159,20 @@ def test_bench_latency(tmp_path: Path) -> None:
     assert "first_audio_out_ms" in r["server_stages_ms"]
 
 
+def test_bench_conversation(tmp_path: Path) -> None:
+    r = _run(tmp_path, "conversation", "--turns", "1", "--service-delay-ms", "300")
+    assert r["standin_violations"] == []
+    modes = r["modes"]
+    assert set(modes) == {"pipeline", "openai-realtime"}
+    assert modes["pipeline"]["service_ms"] == 600 and modes["openai-realtime"]["service_ms"] == 300
+    for m in modes.values():
+        assert m["turns"] == 1 and m["unanswered"] == 0
+        # No reply can come before the services answered and the VAD heard the silence out
+        # (its hang-over, counted from its own estimate of the end of speech).
+        assert m["first_audio_ms"]["p50"] > m["service_ms"] + 0.8 * r["vad_hangover_ms"]
+        assert "first_audio_out_ms" in m["server_stages_ms"]
+
+
 @pytest.mark.browser
 def test_bench_browser(tmp_path: Path) -> None:
     from benchmarks.browser import chromium_missing
