@@ -178,6 +178,39 @@ def test_microphone_downsampling_keeps_duration_and_pitch() -> None:
     assert abs(np.argmax(spectrum) * 16_000 / len(pcm) - 440) < 3
 
 
+def test_microphone_downsampling_is_the_streams_resampler_over_the_whole_call() -> None:
+    """The microphone goes through the same resampler as every stream: 20 ms frames give the
+    samples of the whole call resampled at once (within rounding), whatever the frame format."""
+    from rtc_server.media.inbound import MicDownsampler
+    from rtc_server.media.resample import resample_int16
+
+    rng = np.random.default_rng(7)
+    left = (rng.standard_normal(48_000) * 4000).astype(np.int16)
+    right = (rng.standard_normal(48_000) * 4000).astype(np.int16)
+    mono = ((left.astype(np.float64) + right) / 2).round().astype(np.int16)
+    for rate in (16_000, 24_000):
+        whole = resample_int16(mono, 48_000, rate)
+        for layout in ("s16", "fltp"):
+            downsample = MicDownsampler(rate)
+            out = []
+            for i in range(0, 48_000, 960):
+                pair = np.stack([left[i : i + 960], right[i : i + 960]])
+                if layout == "s16":  # interleaved, as aiortc decodes Opus
+                    frame = av.AudioFrame.from_ndarray(
+                        pair.T.reshape(1, -1), format="s16", layout="stereo"
+                    )
+                else:  # planar floats
+                    frame = av.AudioFrame.from_ndarray(
+                        (pair / 32768).astype(np.float32), format="fltp", layout="stereo"
+                    )
+                frame.sample_rate = 48_000
+                out.append(downsample(frame))
+            pcm = np.concatenate(out)
+            assert len(whole) - 12 <= len(pcm) <= len(whole)  # only the last few held back
+            diff = np.abs(pcm.astype(np.int32) - whole[: len(pcm)])
+            assert diff.max() <= 1, (rate, layout)
+
+
 def test_the_numpy_audio_level_is_aiortcs() -> None:
     from rtc_server.aiortc_compat import AIORTC_AUDIO_LEVEL as original
     from rtc_server.aiortc_compat import audio_level_dbov

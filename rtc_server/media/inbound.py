@@ -8,6 +8,7 @@ from aiortc import RTCRtpTransceiver
 from aiortc.jitterbuffer import JitterBuffer
 
 from rtc_server.aiortc_compat import decode_on_loop, set_receiver_jitter_buffer
+from rtc_server.media.resample import StreamResampler
 
 MIC_PREFETCH = 1
 """Packets aiortc waits for after an audio frame before releasing it (its default is 4)."""
@@ -30,13 +31,34 @@ def low_latency_audio(transceiver: RTCRtpTransceiver, prefetch: int = MIC_PREFET
 class MicDownsampler:
     """Microphone frames (aiortc hands Opus decoded at 48 kHz stereo) to mono int16 at ``rate``.
 
-    libswresample keeps its filter state across frames, so 20 ms pieces join without seams.
+    The channels are averaged, then one :class:`StreamResampler` for the whole call (the same
+    filter as every other stream of ours) joins the 20 ms pieces without seams.
     """
 
     def __init__(self, rate: int) -> None:
         self.rate = rate
-        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+        self._resampler: StreamResampler | None = None
 
     def __call__(self, frame: av.AudioFrame) -> np.ndarray:
-        out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
-        return np.concatenate(out) if out else np.zeros(0, np.int16)
+        if self._resampler is None or self._resampler.src_rate != frame.sample_rate:
+            self._resampler = StreamResampler(frame.sample_rate, self.rate)
+        return self._resampler.feed(mono_samples(frame))
+
+
+def mono_samples(frame: av.AudioFrame) -> np.ndarray:
+    """One audio frame's samples, mono, on the int16 scale (float64): channels averaged."""
+    data = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if frame.format.is_planar:
+        rows = [data[c] for c in range(channels)]
+    else:  # interleaved
+        flat = data.reshape(-1)
+        rows = [flat[c::channels] for c in range(channels)]
+    mono: np.ndarray = rows[0].astype(np.float64)
+    for row in rows[1:]:
+        mono += row
+    if channels > 1:
+        mono /= channels
+    if data.dtype.kind == "f":
+        mono *= 32768.0
+    return mono

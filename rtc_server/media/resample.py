@@ -5,7 +5,7 @@ from __future__ import annotations
 from math import gcd
 
 import numpy as np
-from scipy.signal import firwin, resample_poly
+from scipy.signal import firwin, resample_poly, upfirdn
 
 
 def resample_int16(pcm: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
@@ -65,11 +65,13 @@ class StreamResampler:
         return self._received / self.src_rate - self._made / self.dst_rate
 
     def feed(self, pcm: np.ndarray) -> np.ndarray:
-        """The output samples ``pcm`` (the next piece of the stream) completes; int16."""
+        """The output samples ``pcm`` (the next piece of the stream: int16, or floats on the
+        int16 scale) completes; int16."""
         if self._up == self._down:
             self._received += len(pcm)
             self._made += len(pcm)
-            return np.asarray(pcm).astype(np.int16, copy=False)
+            same: np.ndarray = np.clip(np.round(pcm), -32768, 32767).astype(np.int16, copy=False)
+            return same
         self._held = np.concatenate([self._held, np.asarray(pcm, np.float64).reshape(-1)])
         self._received += len(pcm)
         # Output m needs inputs up to ((m + skip) * down) // up.
@@ -84,24 +86,24 @@ class StreamResampler:
         return self._make(total)
 
     def _make(self, until: int) -> np.ndarray:
-        m = np.arange(self._made, until, dtype=np.int64)
-        if not len(m):
+        """Outputs ``_made`` to ``until``, from the held inputs (the rest of the stream zero)."""
+        if until <= self._made:
             return np.zeros(0, np.int16)
         up, down = self._up, self._down
-        at = (m + self._skip) * down  # position in the upsampled stream
-        newest = at // up
-        inputs = newest[:, None] - np.arange(self._per_output)[None, :]
-        tap = at[:, None] - inputs * up
-        valid = (tap < len(self._h)) & (inputs >= 0) & (inputs < self._received)
-        local = np.clip(inputs - self._held_from, 0, max(0, len(self._held) - 1))
-        values = self._held[local] if len(self._held) else np.zeros(inputs.shape)
-        out = np.where(valid, values * self._h[np.minimum(tap, len(self._h) - 1)], 0.0).sum(axis=1)
+        # The held inputs start at a multiple of ``down``, so that upfirdn's outputs over them
+        # fall on this stream's output instants: output m is its (m + skip - start) one.
+        start = self._held_from * up // down
+        y = upfirdn(self._h, self._held, up, down)
+        first, last = self._made + self._skip - start, until + self._skip - start
+        out = y[first:last]
+        if len(out) < last - first:  # past every held input: the zeros after the stream
+            out = np.concatenate([out, np.zeros(last - first - len(out))])
         self._made = until
-        # Keep what the next output still needs.
-        oldest = int(((until + self._skip) * down) // up) - self._per_output + 1
-        drop = max(0, oldest - self._held_from)
-        if drop:
-            self._held = self._held[drop:]
-            self._held_from += drop
+        # Keep what the next output still needs, from a multiple of ``down``.
+        oldest = ((until + self._skip) * down) // up - self._per_output + 1
+        keep_from = max(self._held_from, oldest // down * down)
+        if keep_from > self._held_from:
+            self._held = self._held[keep_from - self._held_from :]
+            self._held_from = keep_from
         result: np.ndarray = np.clip(np.round(out), -32768, 32767).astype(np.int16)
         return result
