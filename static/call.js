@@ -10,6 +10,9 @@
 //                Call made with {visemes: true}
 //   "connection" detail: the RTCPeerConnection's connectionState
 //   "channel"    detail: true when the data channel opens, false when it closes
+//   "microphone" detail: {deviceId, label} of the microphone the call sends (at start and
+//                after each switch, the fall-back when one is unplugged included)
+//   "devices"    detail: [{deviceId, label}] of the microphones, when one is plugged or unplugged
 //
 // Test hook fields: pc, sessionId, channel, playing (a Promise), state, states (every state
 // event, in order), events (every data-channel event, in order).
@@ -67,16 +70,69 @@ function iceGatheringComplete(pc) {
   });
 }
 
-/** The microphone, or null (with the reason) when it is denied or missing. */
-async function openMicrophone() {
+/**
+ * What the microphone is asked for, whatever the browser's defaults: its echo canceller (a
+ * barge-in must hear the caller, not the avatar's own voice from the speakers), noise
+ * suppression, gain control, and one channel (the server listens in mono).
+ */
+export const MICROPHONE_CONSTRAINTS = Object.freeze({
+  echoCancellation: true,
+  noiseSuppression: true,
+  autoGainControl: true,
+  channelCount: 1,
+});
+
+/** The microphone (the default one, or `deviceId`), or null with the reason it is missing. */
+async function openMicrophone(deviceId = null) {
   if (!navigator.mediaDevices?.getUserMedia) {
     return { stream: null, reason: "this browser offers no microphone access" };
   }
+  const audio = { ...MICROPHONE_CONSTRAINTS };
+  if (deviceId) audio.deviceId = { exact: deviceId };
   try {
-    return { stream: await navigator.mediaDevices.getUserMedia({ audio: true }), reason: "" };
+    return { stream: await navigator.mediaDevices.getUserMedia({ audio }), reason: "" };
   } catch (err) {
     const reason = err.name === "NotAllowedError" ? "microphone permission denied" : err.message;
     return { stream: null, reason };
+  }
+}
+
+/** The microphones the browser offers: [{deviceId, label}] (labels once permission is given). */
+export async function listMicrophones() {
+  if (!navigator.mediaDevices?.enumerateDevices) return [];
+  const devices = await navigator.mediaDevices.enumerateDevices();
+  return devices
+    .filter((d) => d.kind === "audioinput")
+    .map((d, i) => ({ deviceId: d.deviceId, label: d.label || `Microphone ${i + 1}` }));
+}
+
+/** The level of a microphone stream, for a meter: RMS of its latest samples, 0 to 1. */
+class MicrophoneLevel {
+  constructor(stream) {
+    this.context = new AudioContext();
+    this.analyser = this.context.createAnalyser();
+    this.analyser.fftSize = 1024;
+    this.samples = new Float32Array(this.analyser.fftSize);
+    this.source = null;
+    this.follow(stream);
+  }
+
+  follow(stream) {
+    this.source?.disconnect();
+    this.source = this.context.createMediaStreamSource(stream);
+    this.source.connect(this.analyser);
+  }
+
+  level() {
+    this.analyser.getFloatTimeDomainData(this.samples);
+    let sum = 0;
+    for (const x of this.samples) sum += x * x;
+    return Math.sqrt(sum / this.samples.length);
+  }
+
+  close() {
+    this.source?.disconnect();
+    this.context.close();
   }
 }
 
@@ -86,9 +142,10 @@ export class Call extends EventTarget {
    * @param {{token?: string|null, avatar?: string|null}} options token: sent as
    *   "Authorization: Bearer" on /offer and the session's routes (servers with --api-key);
    *   avatar: asked for in the offer; visemes: open the "visemes" data channel, whose binary
-   *   frames shape the avatar's mouth (docs/ARCHITECTURE.md, "The viseme stream")
+   *   frames shape the avatar's mouth (docs/ARCHITECTURE.md, "The viseme stream");
+   *   microphone: the deviceId of the microphone to start with (default: the browser's)
    */
-  constructor(video, { token = null, avatar = null, visemes = false } = {}) {
+  constructor(video, { token = null, avatar = null, visemes = false, microphone = null } = {}) {
     super();
     this.video = video;
     this.auth = token ? { Authorization: `Bearer ${token}` } : {};
@@ -98,6 +155,10 @@ export class Call extends EventTarget {
     this.channel = null;
     this.sessionId = null;
     this.microphone = null;
+    this.microphoneId = microphone;
+    this.audioSender = null;
+    this.meter = null;
+    this.onDeviceChange = () => this.devicesChanged();
     this.textOnly = false;
     this.noMicReason = "";
     this.state = null;
@@ -115,7 +176,7 @@ export class Call extends EventTarget {
   }
 
   async start() {
-    const mic = await openMicrophone();
+    const mic = await openMicrophone(this.microphoneId);
     this.microphone = mic.stream;
     this.textOnly = mic.stream === null;
     this.noMicReason = mic.reason;
@@ -133,7 +194,10 @@ export class Call extends EventTarget {
     this.pc = pc;
     if (this.microphone) {
       const [track] = this.microphone.getAudioTracks();
-      pc.addTransceiver(track, { direction: "sendrecv", streams: [this.microphone] });
+      const transceiver = pc.addTransceiver(track, { direction: "sendrecv", streams: [this.microphone] });
+      this.audioSender = transceiver.sender;
+      this.watchMicrophone(track);
+      navigator.mediaDevices.addEventListener?.("devicechange", this.onDeviceChange);
     } else {
       pc.addTransceiver("audio", { direction: "recvonly" });
     }
@@ -230,6 +294,60 @@ export class Call extends EventTarget {
     return this.microphone?.getAudioTracks().some((track) => track.enabled) ?? false;
   }
 
+  /**
+   * Moves the call to another microphone (a deviceId from listMicrophones(); null: the
+   * browser's default) without renegotiating: the sender's track is replaced, muting kept.
+   * Emits "microphone" with {deviceId, label}. Throws for a call that started without one.
+   */
+  async switchMicrophone(deviceId) {
+    if (!this.audioSender) throw new Error("this call has no microphone to switch (text only)");
+    const mic = await openMicrophone(deviceId);
+    if (!mic.stream) throw new Error(`cannot open that microphone: ${mic.reason}`);
+    if (this.closed) {
+      mic.stream.getTracks().forEach((track) => track.stop());
+      return;
+    }
+    const enabled = this.microphoneEnabled;
+    const [track] = mic.stream.getAudioTracks();
+    track.enabled = enabled;
+    await this.audioSender.replaceTrack(track);
+    const old = this.microphone;
+    this.microphone = mic.stream;
+    this.microphoneId = deviceId;
+    old?.getTracks().forEach((t) => t.stop());
+    this.meter?.follow(mic.stream);
+    this.watchMicrophone(track);
+  }
+
+  /** Tells the page which microphone is in use, and falls back to the default if it goes. */
+  watchMicrophone(track) {
+    const { deviceId = "" } = track.getSettings();
+    this.emit("microphone", { deviceId, label: track.label });
+    track.addEventListener("ended", () => {
+      if (!this.closed && this.microphone?.getAudioTracks()[0] === track) {
+        this.switchMicrophone(null).catch(() => {});
+      }
+    });
+  }
+
+  /** Plugged or unplugged: "devices" with the new list; a microphone gone falls back. */
+  async devicesChanged() {
+    if (this.closed) return;
+    const devices = await listMicrophones();
+    this.emit("devices", devices);
+    const track = this.microphone?.getAudioTracks()[0];
+    const { deviceId } = track?.getSettings() ?? {};
+    const gone = track?.readyState === "ended" || (deviceId && !devices.some((d) => d.deviceId === deviceId));
+    if (gone) await this.switchMicrophone(null).catch(() => {});
+  }
+
+  /** The microphone's level now (0 to 1), for a meter; 0 without a microphone. */
+  microphoneLevel() {
+    if (!this.microphone || this.closed) return 0;
+    if (!this.meter) this.meter = new MicrophoneLevel(this.microphone);
+    return this.meter.level();
+  }
+
   async deleteSession() {
     if (!this.sessionId) return;
     const id = this.sessionId;
@@ -247,6 +365,9 @@ export class Call extends EventTarget {
 
   async stop() {
     this.closed = true;
+    navigator.mediaDevices?.removeEventListener?.("devicechange", this.onDeviceChange);
+    this.meter?.close();
+    this.meter = null;
     this.channel?.close();
     this.pc?.close();
     this.microphone?.getTracks().forEach((track) => track.stop());

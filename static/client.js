@@ -4,9 +4,12 @@
 // window.avatarCall is the current Call (pc, sessionId, channel, playing, states, events:
 // every data-channel event received, in order). Without it the page exposes nothing.
 
-import { Call, StatsSampler, takeUrlToken } from "./call.js";
+import { Call, StatsSampler, listMicrophones, takeUrlToken } from "./call.js";
 
 const STATS_INTERVAL_MS = 1000;
+const METER_INTERVAL_MS = 100;
+/** Speech at a normal distance has an RMS of about 0.05 to 0.2: shown at a quarter to full. */
+const METER_GAIN = 4;
 // A server started with --api-key wants a call token (POST /token): pass it as #token=...
 const { token: TOKEN, queryToken: QUERY_TOKEN } = takeUrlToken();
 const QUERY_TOKEN_NOTE = "The call token goes in the link's fragment (#token=...), not its query (?token=...).";
@@ -26,6 +29,10 @@ const ui = {
   send: $("send"),
   ask: $("ask"),
   log: $("log"),
+  microphone: $("microphone"),
+  mute: $("mute"),
+  mic: $("mic"),
+  micLevel: $("mic-level"),
 };
 
 const MAX_LOG_LINES = 50;
@@ -75,6 +82,37 @@ function showStats({ fps, codec, kbps, rttMs }) {
   for (const [name, text] of Object.entries(fields)) {
     ui.stats.querySelector(`[data-stat="${name}"]`).textContent = text;
   }
+}
+
+/** The microphone picker lists `devices`, `current` chosen. */
+function showMicrophones(devices, current) {
+  ui.mic.replaceChildren(
+    ...devices.map(({ deviceId, label }) => {
+      const option = document.createElement("option");
+      option.value = deviceId;
+      option.textContent = label;
+      return option;
+    }),
+  );
+  if (current !== undefined) ui.mic.value = current;
+}
+
+let meterTimer = 0;
+
+async function startMicrophoneControls(c) {
+  if (c.textOnly) return;
+  ui.microphone.hidden = false;
+  ui.mute.setAttribute("aria-pressed", "false");
+  showMicrophones(await listMicrophones(), c.microphone?.getAudioTracks()[0]?.getSettings().deviceId);
+  meterTimer = setInterval(() => {
+    ui.micLevel.value = Math.min(1, c.microphoneLevel() * METER_GAIN);
+  }, METER_INTERVAL_MS);
+}
+
+function stopMicrophoneControls() {
+  clearInterval(meterTimer);
+  ui.microphone.hidden = true;
+  ui.micLevel.value = 0;
 }
 
 let call = null;
@@ -146,9 +184,14 @@ async function startCall() {
   current.addEventListener("connection", (e) => onConnection(current, e.detail));
   current.addEventListener("channel", (e) => setChannelOpen(e.detail));
   current.addEventListener("event", (e) => onEvent(current, e.detail));
+  current.addEventListener("devices", (e) => showMicrophones(e.detail, ui.mic.value));
+  current.addEventListener("microphone", (e) => {
+    if ([...ui.mic.options].some((o) => o.value === e.detail.deviceId)) ui.mic.value = e.detail.deviceId;
+  });
   try {
     await current.start();
     startStats(current.pc);
+    await startMicrophoneControls(current);
   } catch (err) {
     setStatus(`Could not connect: ${err.message}`, "error");
     await stopCall({ keepStatus: true });
@@ -157,6 +200,7 @@ async function startCall() {
 
 async function stopCall({ keepStatus = false } = {}) {
   stopStats();
+  stopMicrophoneControls();
   setChannelOpen(false);
   const ending = call;
   call = null;
@@ -168,6 +212,20 @@ async function stopCall({ keepStatus = false } = {}) {
 ui.start.addEventListener("click", startCall);
 ui.stop.addEventListener("click", () => stopCall());
 ui.interrupt.addEventListener("click", () => call?.send({ type: "interrupt" }));
+ui.mute.addEventListener("click", () => {
+  if (!call) return;
+  const muted = ui.mute.getAttribute("aria-pressed") !== "true";
+  call.setMicrophoneEnabled(!muted);
+  ui.mute.setAttribute("aria-pressed", String(muted));
+});
+ui.mic.addEventListener("change", async () => {
+  const current = call;
+  try {
+    await current?.switchMicrophone(ui.mic.value);
+  } catch (err) {
+    setStatus(`Microphone: ${err.message}`, "error");
+  }
+});
 ui.sayForm.addEventListener("submit", (event) => {
   event.preventDefault();
   const text = ui.sayText.value.trim();
