@@ -82,6 +82,8 @@ class CallClient:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.microphone = microphone or AudioStreamTrack()
         self.session_id = ""
+        self.resume_credential = ""
+        """From the answer: what resumes this call on a new peer connection ("": it cannot)."""
         self.events: list[dict[str, Any]] = []
         self.received = Received()
         self.record = True
@@ -201,12 +203,15 @@ class CallClient:
         before_answer: Callable[[str], Awaitable[None]] | None = None,
         rewrite_offer: Callable[[str], str] | None = None,
         rewrite_answer: Callable[[str], str] | None = None,
+        resume: tuple[str, str] | None = None,
     ) -> str:
         """Offer and connect; ``video_codecs`` (mimeTypes) restricts what the offer accepts.
 
         ``before_answer`` sees the answer's SDP before it is applied (and ICE checks begin).
         ``rewrite_offer`` and ``rewrite_answer`` may change the SDPs (e.g. their candidates):
         the offer before it is sent, the answer before ``before_answer`` sees it.
+        ``resume``: (session id, resume credential) of a call whose link was lost, to carry it
+        on over this client's new peer connection (``POST /sessions/{id}/resume``).
         """
         self.pc.addTransceiver(self.microphone, direction="sendrecv")
         video = self.pc.addTransceiver("video", direction="recvonly")
@@ -220,11 +225,16 @@ class CallClient:
         body["type"] = "offer"
         if self.visemes:
             body["visemes"] = True
+        route = "/offer"
+        if resume is not None:
+            route = f"/sessions/{resume[0]}/resume"
+            body["resume"] = resume[1]
         async with aiohttp.ClientSession(headers=self.headers) as http:
-            async with http.post(self.url + "/offer", json=body) as resp:
+            async with http.post(self.url + route, json=body) as resp:
                 answer = await resp.json()
                 if resp.status != 200:
                     raise RuntimeError(f"offer refused ({resp.status}): {answer}")
+        self.resume_credential = str(answer.get("resume", ""))
         if rewrite_answer is not None:
             answer["sdp"] = rewrite_answer(answer["sdp"])
         if before_answer is not None:
