@@ -9,7 +9,8 @@ service delay, in deltas faster than real time (as the service sends them).
 
 What a test can script: refused handshakes (:attr:`refuse`, an HTTP status each), and per
 response a failure (:meth:`fail_next`): ``"close"`` hangs up mid-response, ``"error"`` sends an
-``error`` event in its place, ``"rate_limit"`` ends it ``failed`` with ``rate_limit_exceeded``.
+``error`` event in its place, ``"rate_limit"`` ends it ``failed`` with ``rate_limit_exceeded``,
+``"bad_audio"`` sends one audio delta mid-response that is not base64 (and goes on).
 Everything a client sent is kept per connection, and a malformed event is a violation (an
 ``error`` event back, and listed in :attr:`violations`, which tests assert empty). The tests
 use it, and so does ``bench realtime``.
@@ -99,7 +100,7 @@ class RealtimeStandIn:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def fail_next(self, mode: str) -> None:
-        assert mode in ("close", "error", "rate_limit")
+        assert mode in ("close", "error", "rate_limit", "bad_audio")
         self._failures.append(mode)
 
     async def __aenter__(self) -> RealtimeStandIn:
@@ -345,12 +346,11 @@ class RealtimeStandIn:
             pcm = self.reply_pcm[start : start + DELTA_SAMPLES]
             if n == 0:
                 self.first_delta_at.append(loop.time())
+            audio = base64.b64encode(pcm.astype("<i2").tobytes()).decode()
+            if failure == "bad_audio" and n == 2:
+                audio = "not base64 audio!"
             await self._send(
-                ws,
-                "response.output_audio.delta",
-                **base,
-                content_index=0,
-                delta=base64.b64encode(pcm.astype("<i2").tobytes()).decode(),
+                ws, "response.output_audio.delta", **base, content_index=0, delta=audio
             )
             if failure == "close" and n == 2:
                 await ws.close()

@@ -199,7 +199,12 @@ async def _typed_turn(client: CallClient, text: str = "hello") -> None:
 
 @pytest.mark.parametrize(
     ("failure", "code"),
-    [("close", "connection"), ("error", "server_error"), ("rate_limit", "rate_limited")],
+    [
+        ("close", "connection"),
+        ("error", "server_error"),
+        ("rate_limit", "rate_limited"),
+        ("bad_audio", "bad_response"),
+    ],
 )
 async def test_a_failed_response_gets_an_error_an_apology_and_a_working_next_turn(
     realtime_server: LiveServer, standin: RealtimeStandIn, failure: str, code: str
@@ -226,6 +231,9 @@ async def test_a_failed_response_gets_an_error_an_apology_and_a_working_next_tur
         await client.close()
     assert standin.violations == []
     assert len(standin.connections) == (2 if failure == "close" else 1)
+    if failure == "bad_audio":
+        # The rest of a reply that cannot be played was not left to run on the service.
+        assert standin.connections[0].cancels == 1
     if failure == "close":
         # The new session was told the conversation so far before the new turn.
         items = [e["item"] for e in standin.connections[1].sent("conversation.item.create")]

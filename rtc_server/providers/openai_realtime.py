@@ -18,8 +18,9 @@ Back come the reply's audio (``response.output_audio.delta``) and its transcript
 (``response.output_audio_transcript.delta``), gathered per response in a
 :class:`RealtimeReply`, and the caller's words (``conversation.item.input_audio_transcription
 .completed``). Failures are :class:`ProviderError`: a refused connection or handshake, a
-connection closed mid-response, an ``error`` event, a response that ended ``failed``, a service
-silent for the read timeout.
+connection closed mid-response, an ``error`` event, a response that ended ``failed``, audio that
+is not base64 PCM16 (``bad_response``: the response is cancelled), a service silent for the read
+timeout.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 from musetalk_core.types import AudioChunk
 from rtc_server.call_tasks import CallTasks
 from rtc_server.providers.base import ChatMessage, ProviderError
-from rtc_server.providers.http import status_error
+from rtc_server.providers.http import bad_response, status_error
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -408,7 +409,12 @@ class RealtimeLink:
         if kind == "response.output_audio.delta":
             reply = self._replies.get(event.response_id)
             if reply is not None and not reply.done:
-                reply.audio(_pcm(event.delta))
+                try:
+                    reply.audio(_pcm(event.delta))
+                except ProviderError as error:
+                    self._log.warning("Realtime audio: %s", error)
+                    self.send({"type": "response.cancel"})  # the rest of it is of no use
+                    reply.fail(error)
         elif kind == "response.output_audio_transcript.delta":
             reply = self._replies.get(event.response_id)
             if reply is not None and not reply.done:
@@ -470,11 +476,15 @@ async def _send(conn: AsyncRealtimeConnection, event: dict[str, Any]) -> None:
 
 
 def _pcm(delta: str) -> np.ndarray:
+    """A reply's audio delta as int16 samples; raises ``bad_response`` unless it is base64 of
+    whole PCM16 samples."""
     try:
         data = base64.b64decode(delta, validate=True)
-    except (binascii.Error, ValueError):
-        data = b""
-    return np.frombuffer(data[: len(data) & ~1], dtype="<i2").astype(np.int16)
+    except (binascii.Error, ValueError, TypeError):
+        raise bad_response(PROVIDER, VENDOR, "an audio delta that is not base64") from None
+    if len(data) % 2:
+        raise bad_response(PROVIDER, VENDOR, f"an audio delta of {len(data)} bytes (odd)")
+    return np.frombuffer(data, dtype="<i2").astype(np.int16)
 
 
 def _event_error(code: str | None, message: str | None) -> ProviderError:
