@@ -184,6 +184,7 @@ class SessionManager:
             max_call_s=self.config.server.max_call_s,
             idle_timeout_s=self.config.server.idle_timeout_s or None,
             visemes=offer.visemes,
+            resume_grace_s=self.config.server.resume_grace_s,
             # The sync-test engine stands in for a speaking avatar: a deployment check must
             # see the stream a talking face sends, every frame.
             still_repeat_s=(
@@ -192,6 +193,26 @@ class SessionManager:
         )
         if self.engine_factory.notice:
             session.notices.append(("engine_fallback", self.engine_factory.notice))
+        try:
+            negotiated = await self._wire(pc, session, offer)
+        except Exception:
+            await session.aclose()
+            raise
+        self.sessions[session.id] = session
+        self.headroom.calls = len(self.sessions)
+        self.metrics.sessions.set(len(self.sessions))
+        self.metrics.calls_answered.inc()
+        session.start()
+        logger.info("session %s answered (%s)", session.id[:8], negotiated)
+        return self._answer_of(pc, session)
+
+    def _answer_of(self, pc: RTCPeerConnection, session: AvatarSession) -> Answer:
+        sdp = announce_address(pc.localDescription.sdp, self.config.media.public_address)
+        return Answer(sdp=sdp, session_id=session.id, resume=session.resume_credential)
+
+    async def _wire(self, pc: RTCPeerConnection, session: AvatarSession, offer: Offer) -> str:
+        """Answer ``offer`` on ``pc`` with ``session``'s tracks; returns the video codec.
+        SignalingError 400 bad_sdp for an offer that cannot be answered."""
         try:
             # The video transceiver must exist before the offer is applied, or aiortc keeps the
             # browser's codec order (VP8 first): prefer H.264, VP8 only when H.264 is missing.
@@ -224,19 +245,31 @@ class SessionManager:
                     TunedH264Encoder(on_encode=self.metrics.encode_seconds.observe),
                 )
             await pc.setLocalDescription(await pc.createAnswer())
+        except SignalingError:
+            raise
         except Exception as exc:
-            await session.aclose()
-            if isinstance(exc, SignalingError):
-                raise
             raise SignalingError(400, "bad_sdp", f"the offer could not be answered: {exc}") from exc
-        self.sessions[session.id] = session
-        self.headroom.calls = len(self.sessions)
-        self.metrics.sessions.set(len(self.sessions))
-        self.metrics.calls_answered.inc()
-        session.start()
-        logger.info("session %s answered (%s)", session.id[:8], negotiated)
-        sdp = announce_address(pc.localDescription.sdp, self.config.media.public_address)
-        return Answer(sdp=sdp, session_id=session.id)
+        return negotiated or "none"
+
+    async def resume_session(self, session_id: str, credential: str, offer: Offer) -> Answer:
+        session = self.sessions.get(session_id)
+        if session is None or session.closed:
+            raise SignalingError(
+                404, "unknown_session", f"no session {session_id!r} (it ended, or never was)"
+            )
+        if not session.may_resume(credential):
+            raise SignalingError(401, "bad_resume", "that is not this call's resume credential")
+        await session.leave_peer()
+        pc = RTCPeerConnection(self.ice.rtc_configuration())
+        try:
+            negotiated = await self._wire(pc, session, offer)
+        except Exception:
+            await pc.close()
+            raise  # the call waits on for a resume that works, until its grace runs out
+        session.attach(pc)
+        self.metrics.calls_resumed.inc()
+        logger.info("session %s resumed (%s)", session.id[:8], negotiated)
+        return self._answer_of(pc, session)
 
     async def _forget(self, session: AvatarSession) -> None:
         if self.sessions.pop(session.id, None) is not None:

@@ -76,6 +76,10 @@ class ServerSettings:
     """On SIGTERM, how long running calls may go on before they are closed."""
     max_call_s: float = 3600.0
     """A call is closed after this long."""
+    resume_grace_s: float = 20.0
+    """A call whose link failed (ICE failed, or nothing heard from the caller for
+    ``PEER_SILENCE_S``) waits this long after the caller was last heard for a new peer
+    connection to resume it (``POST /sessions/{id}/resume``), then is freed (0: at once)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -88,6 +92,8 @@ class ServerSettings:
             raise ConfigError("--cert-file and --key-file go together")
         if self.connect_timeout_s <= 0:
             raise ConfigError("connect_timeout_s must be > 0")
+        if self.resume_grace_s < 0:
+            raise ConfigError("resume_grace_s must be >= 0")
         if self.idle_timeout_s < 0 or self.drain_timeout_s < 0:
             raise ConfigError("idle_timeout_s and drain_timeout_s must be >= 0")
         if self.max_say_chars < 1:

@@ -19,6 +19,11 @@ class Metrics:
         self.calls_answered = Counter(
             "avatar_rtc_calls_answered", "Calls answered since start.", registry=self.registry
         )
+        self.calls_resumed = Counter(
+            "avatar_rtc_calls_resumed",
+            "Calls carried on over a new peer connection after their link was lost.",
+            registry=self.registry,
+        )
         self.video_frames = Counter(
             "avatar_rtc_video_frames_sent",
             "Video frames handed to the encoder.",

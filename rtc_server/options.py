@@ -204,6 +204,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     ),
     Option("max-call-s", "server", "calls are closed after this many seconds", float, 3600.0),
     Option(
+        "resume-grace-s",
+        "server",
+        "a call whose link is lost can be resumed (POST /sessions/{id}/resume) this many seconds"
+        " after the caller was last heard; then it is freed (0: never resumed)",
+        float,
+        20.0,
+    ),
+    Option(
         "idle-timeout-s",
         "server",
         "close a call after this many seconds without caller speech, text or say (0: never)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -64,9 +65,11 @@ class AvatarSession:
         still_repeat_s: float = STILL_REPEAT_S,
         messages: RateLimiter | None = None,
         visemes: bool = False,
+        resume_grace_s: float = 0.0,
     ) -> None:
         """``messages`` limits the caller's says and data-channel messages (None: no limit);
-        ``visemes`` sends the caller ``viseme`` events on its events channel."""
+        ``visemes`` sends the caller ``viseme`` events on its events channel;
+        ``resume_grace_s``: how long a call whose link was lost waits for :meth:`attach`."""
         self.id = uuid.uuid4().hex
         self.pc = pc
         self.engine = engine
@@ -85,6 +88,7 @@ class AvatarSession:
         self.scheduler.on_queued = self.visemes.on_queued
         self.audio_track = AvatarAudioTrack(self.clock, self.scheduler)
         self.video_track = AvatarVideoTrack(self.clock, self.scheduler, still_repeat_s)
+        self._still_repeat_s = still_repeat_s
         self._log = CallLog(logger, {"session": self.id[:8]})
         self._tasks = CallTasks(self.id, self._log)
         settings = settings or ListenSettings()
@@ -115,10 +119,21 @@ class AvatarSession:
         self._peer_watched = False
         self._closed = False
         self._close_done = asyncio.Event()
+        self._resume_grace_s = resume_grace_s
+        self.resume_credential = secrets.token_urlsafe(24) if resume_grace_s > 0 else ""
+        """What the caller shows to resume this call on a new peer connection ("": never)."""
+        self._grace: asyncio.Task[None] | None = None
+        """While the link is lost: the wait for a resume, which ends the call."""
+        self._peer_watchdog_task: asyncio.Task[None] | None = None
+        self._connected_once = False
+        self._peer_left = False
+        """The current peer was let go of (leave_peer) and the next is being wired."""
+        self._watch(pc)
 
+    def _watch(self, pc: RTCPeerConnection) -> None:
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)
-        pc.on("connectionstatechange", self._on_connection_state)
+        pc.on("connectionstatechange", lambda: self._on_connection_state(pc))
 
     @property
     def state(self) -> CallState:
@@ -129,14 +144,15 @@ class AvatarSession:
     def start(self) -> None:
         self.scheduler.start()
         self.turns.start()
-        self._tasks.spawn(self._connect_watchdog(), "connect-watchdog")
+        self._tasks.spawn(self._connect_watchdog(self.pc), "connect-watchdog")
         if self._max_call_s is not None:
             self._tasks.spawn(self._call_limit(self._max_call_s), "call-limit")
         if self._idle_timeout_s:
             self._tasks.spawn(self._idle_limit(self._idle_timeout_s), "idle-limit")
 
-    async def _connect_watchdog(self) -> None:
-        if not await connected_within(self.pc, self._connect_timeout_s):
+    async def _connect_watchdog(self, pc: RTCPeerConnection) -> None:
+        connected = await connected_within(pc, self._connect_timeout_s)
+        if not connected and pc is self.pc and not self._peer_left:
             self._log.warning("peer did not connect within %.0f s", self._connect_timeout_s)
             await self.aclose()
 
@@ -152,24 +168,100 @@ class AvatarSession:
         self._log.info("call idle for %.0f s", seconds)
         await self.end("idle_timeout", f"nothing was said or sent for {seconds:.0f} s")
 
-    async def _peer_watchdog(self, silence_s: float) -> None:
-        await peer_silent_for(self.pc, silence_s)
-        self._log.warning("nothing from the caller for %.0f s: it is gone", silence_s)
-        await self.end("peer_gone", f"nothing came from the caller for {silence_s:.0f} s")
+    async def _peer_watchdog(self, pc: RTCPeerConnection, silence_s: float) -> None:
+        await peer_silent_for(pc, silence_s)
+        if pc is not self.pc or self._peer_left:
+            return
+        self._log.warning("nothing from the caller for %.0f s", silence_s)
+        self._link_lost(f"nothing came from the caller for {silence_s:.0f} s", silence_s)
 
     async def end(self, code: str, message: str) -> None:
         """Tell the caller why with an ``error`` event, then close the call."""
         self._error(code, message)
         await self.aclose()
 
-    async def _on_connection_state(self) -> None:
-        state = self.pc.connectionState
+    async def _on_connection_state(self, pc: RTCPeerConnection) -> None:
+        if pc is not self.pc or self._peer_left:
+            return  # a peer connection this call has left behind (resumed on another)
+        state = pc.connectionState
         self._log.info("connection %s", state)
-        if state in ("failed", "closed"):
+        if state == "failed" and not self._connected_once:
+            await self.aclose()  # never connected: there is no conversation to resume
+        elif state == "failed":
+            self._link_lost("the connection failed", 0.0)
+        elif state == "closed":
             await self.aclose()
-        elif state == "connected" and self._peer_silence_s and not self._peer_watched:
+        if state == "connected":
+            self._connected_once = True
+        if state == "connected" and self._peer_silence_s and not self._peer_watched:
             self._peer_watched = True
-            self._tasks.spawn(self._peer_watchdog(self._peer_silence_s), "peer-watchdog")
+            self._peer_watchdog_task = self._tasks.spawn(
+                self._peer_watchdog(pc, self._peer_silence_s), "peer-watchdog"
+            )
+
+    # -- a lost link, and its resumption ------------------------------------------------------
+
+    def _link_lost(self, why: str, silent_s: float) -> None:
+        """The caller is unreachable: stop speaking to it (the avatar rests) and wait for a
+        resume until the grace period, counted from when it was last heard, runs out."""
+        if self._closed or self._grace is not None:
+            return
+        wait_s = self._resume_grace_s - silent_s
+        if wait_s <= 0:
+            self._tasks.spawn(self.end("peer_gone", why), "end")
+            return
+        self._log.info("link lost (%s): resumable for %.0f s", why, wait_s)
+        self.turns.interrupt()
+        self._grace = self._tasks.spawn(self._wait_for_resume(why, wait_s), "resume-grace")
+
+    async def _wait_for_resume(self, why: str, wait_s: float) -> None:
+        await asyncio.sleep(wait_s)
+        self._log.warning("not resumed within %.0f s: closing", self._resume_grace_s)
+        self._grace = None
+        await self.end("peer_gone", f"{why}, and the call was not resumed")
+
+    def may_resume(self, credential: str) -> bool:
+        return bool(self.resume_credential) and secrets.compare_digest(
+            credential.encode(), self.resume_credential.encode()
+        )
+
+    async def leave_peer(self) -> None:
+        """Let go of the current peer connection, before :meth:`attach` wires a new one: what
+        was playing stops (the caller did not hear it), the old peer is closed, and the grace
+        period runs (whole) until a new peer is attached."""
+        self._peer_left = True
+        self.turns.interrupt()
+        if self._peer_watchdog_task is not None:
+            self._peer_watchdog_task.cancel()
+            self._peer_watchdog_task = None
+        self._peer_watched = False
+        if self._grace is None and not self._closed:
+            why = "the caller left to resume on a new connection"
+            self._grace = self._tasks.spawn(
+                self._wait_for_resume(why, self._resume_grace_s), "resume-grace"
+            )
+        try:
+            await self.pc.close()
+        except Exception:
+            self._log.exception("the lost peer connection failed to close")
+        # aiortc ends a sender's track with the sender: the next peer gets new ones, on the
+        # same clock and scheduler, from the instant it takes over.
+        self.audio_track.stop()
+        self.video_track.stop()
+        self.audio_track = AvatarAudioTrack(self.clock, self.scheduler, from_now=True)
+        self.video_track = AvatarVideoTrack(self.clock, self.scheduler, self._still_repeat_s)
+
+    def attach(self, pc: RTCPeerConnection) -> None:
+        """Carry on the call over ``pc`` (answered with this call's tracks): the conversation,
+        its history and the media clock go on as they were."""
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        self.pc = pc
+        self._peer_left = False
+        self._watch(pc)
+        self._log.info("resumed on a new peer connection")
+        self._tasks.spawn(self._connect_watchdog(pc), "connect-watchdog")
 
     async def aclose(self) -> None:
         if self._closed:

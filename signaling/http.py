@@ -16,6 +16,7 @@ from signaling.messages import (
     Offer,
     SayRequest,
     parse_offer,
+    parse_resume,
     parse_say,
 )
 from signaling.offer_rules import PeerRule
@@ -35,6 +36,12 @@ class SessionFactory(Protocol):
 
     async def close_session(self, session_id: str) -> bool:
         """Tear the session down; False if there was none."""
+        ...
+
+    async def resume_session(self, session_id: str, credential: str, offer: Offer) -> Answer:
+        """Attach ``offer``'s new peer connection to a session whose link was lost; 404
+        unknown_session when it is gone (or its grace period ran out), 401 bad_resume for a
+        wrong credential."""
         ...
 
     def exists(self, session_id: str) -> bool:
@@ -87,9 +94,14 @@ def add_routes(
             for ended in [s for s in session_tokens if not factory.exists(s)]:
                 del session_tokens[ended]
             session_tokens[answer.session_id] = grant.token
-        return web.json_response(
-            {"sdp": answer.sdp, "type": "answer", "session_id": answer.session_id}
-        )
+        return _answer(answer)
+
+    async def resume(request: web.Request) -> web.Response:
+        # The credential opens the session, not a call token: a token may have expired in a
+        # long call, and the credential went only to whoever opened this one.
+        session_id = request.match_info["session_id"]
+        credential, parsed = parse_resume(await read_json_object(request), peers=peers)
+        return _answer(await factory.resume_session(session_id, credential, parsed))
 
     async def token(request: web.Request) -> web.Response:
         signer = access.signer
@@ -132,4 +144,12 @@ def add_routes(
     app.router.add_post("/offer", offer)
     app.router.add_post("/token", token)
     app.router.add_post("/sessions/{session_id}/say", say)
+    app.router.add_post("/sessions/{session_id}/resume", resume)
     app.router.add_delete("/sessions/{session_id}", delete)
+
+
+def _answer(answer: Answer) -> web.Response:
+    body = {"sdp": answer.sdp, "type": "answer", "session_id": answer.session_id}
+    if answer.resume:
+        body["resume"] = answer.resume
+    return web.json_response(body)

@@ -35,6 +35,22 @@ class Offer:
 class Answer:
     sdp: str
     session_id: str
+    resume: str = ""
+    """The call's resume credential: with it, ``POST /sessions/{id}/resume`` attaches a new
+    peer connection to the same conversation after the link was lost (empty: not resumable)."""
+
+
+MAX_RESUME_CHARS = 200
+
+
+def parse_resume(body: dict[str, object], *, peers: PeerRule) -> tuple[str, Offer]:
+    """The credential and the new offer of a ``/sessions/{id}/resume`` body."""
+    resume = body.get("resume")
+    if not isinstance(resume, str) or not resume or len(resume) > MAX_RESUME_CHARS:
+        raise SignalingError(
+            400, "bad_resume", "'resume' must be the call's resume credential (a string)"
+        )
+    return resume, parse_offer(body, peers=peers)
 
 
 def parse_offer(body: dict[str, object], *, peers: PeerRule) -> Offer:

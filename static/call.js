@@ -9,6 +9,10 @@
 //   "viseme"     detail: one binary viseme frame (an ArrayBuffer; visemes.js decodes it), for a
 //                Call made with {visemes: true}
 //   "connection" detail: the RTCPeerConnection's connectionState
+//   "reconnecting" detail: {attempt, delayMs}: the link was lost (ICE failed, or disconnected
+//                for 4 s); a new peer connection resumes the call after delayMs
+//   "reconnected" detail: {attempt}: the call goes on, its conversation intact
+//   "closed"     detail: {reason}: the call is over and cannot come back (not sent for stop())
 //   "channel"    detail: true when the data channel opens, false when it closes
 //   "microphone" detail: {deviceId, label} of the microphone the call sends (at start and
 //                after each switch, the fall-back when one is unplugged included)
@@ -18,6 +22,38 @@
 // event, in order), events (every data-channel event, in order).
 
 const ICE_GATHERING_TIMEOUT_MS = 5000;
+/** "disconnected" this long: the link is taken as lost and a new peer connection resumes the call. */
+const DISCONNECTED_WAIT_MS = 4000;
+/** How long a resumed peer connection may take to connect before the next try. */
+const RESUME_CONNECT_MS = 8000;
+const BACKOFF_FIRST_MS = 500;
+const BACKOFF_MAX_MS = 8000;
+
+/** Exponential backoff with jitter: attempt n waits between half and all of 0.5 s * 2^(n-1), at most 8 s. */
+export function backoffMs(attempt) {
+  const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_FIRST_MS * 2 ** (attempt - 1));
+  return ceiling / 2 + Math.random() * (ceiling / 2);
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Whether `pc` is connected within `ms` (false as soon as it fails). */
+function connectedWithin(pc, ms) {
+  return new Promise((resolve) => {
+    const check = () => {
+      const state = pc.connectionState;
+      if (state === "connected" || state === "failed" || state === "closed") finish(state === "connected");
+    };
+    const finish = (result) => {
+      clearTimeout(timer);
+      pc.removeEventListener("connectionstatechange", check);
+      resolve(result);
+    };
+    const timer = setTimeout(() => finish(false), ms);
+    pc.addEventListener("connectionstatechange", check);
+    check();
+  });
+}
 
 /** A readable Error from a failed HTTP response with the API's JSON error shape. */
 export async function httpError(response) {
@@ -159,6 +195,11 @@ export class Call extends EventTarget {
     this.audioSender = null;
     this.meter = null;
     this.onDeviceChange = () => this.devicesChanged();
+    this.onOnline = () => this.online();
+    this.iceServers = [];
+    this.resumeCredential = null;
+    this.reconnecting = false;
+    this.disconnectedTimer = 0;
     this.textOnly = false;
     this.noMicReason = "";
     this.state = null;
@@ -190,22 +231,33 @@ export class Call extends EventTarget {
       this.microphone?.getTracks().forEach((track) => track.stop());
       return;
     }
-    const pc = new RTCPeerConnection({ iceServers });
+    this.iceServers = iceServers;
+    if (this.microphone) {
+      this.watchMicrophone(this.microphone.getAudioTracks()[0]);
+      navigator.mediaDevices.addEventListener?.("devicechange", this.onDeviceChange);
+    }
+    window.addEventListener("online", this.onOnline);
+    const offer = this.avatar ? { avatar: this.avatar } : {};
+    await this.connect("/offer", offer);
+  }
+
+  /** One peer connection for the call: offered to `route` with `extra` in the body. */
+  async connect(route, extra) {
+    const pc = new RTCPeerConnection({ iceServers: this.iceServers });
     this.pc = pc;
+    this.remote = new MediaStream();
     if (this.microphone) {
       const [track] = this.microphone.getAudioTracks();
       const transceiver = pc.addTransceiver(track, { direction: "sendrecv", streams: [this.microphone] });
       this.audioSender = transceiver.sender;
-      this.watchMicrophone(track);
-      navigator.mediaDevices.addEventListener?.("devicechange", this.onDeviceChange);
     } else {
       pc.addTransceiver("audio", { direction: "recvonly" });
     }
     pc.addTransceiver("video", { direction: "recvonly" });
-    pc.addEventListener("track", (event) => this.onTrack(event));
-    pc.addEventListener("connectionstatechange", () => {
-      if (!this.closed) this.emit("connection", pc.connectionState);
+    pc.addEventListener("track", (event) => {
+      if (pc === this.pc) this.onTrack(event);
     });
+    pc.addEventListener("connectionstatechange", () => this.onConnectionState(pc));
     this.openChannel(pc.createDataChannel("events"));
     if (this.visemes) {
       const frames = pc.createDataChannel("visemes");
@@ -218,9 +270,8 @@ export class Call extends EventTarget {
     await pc.setLocalDescription(await pc.createOffer());
     await iceGatheringComplete(pc);
     if (this.closed) return;
-    const offer = { sdp: pc.localDescription.sdp, type: pc.localDescription.type };
-    if (this.avatar) offer.avatar = this.avatar;
-    const response = await fetch("/offer", {
+    const offer = { sdp: pc.localDescription.sdp, type: pc.localDescription.type, ...extra };
+    const response = await fetch(route, {
       method: "POST",
       headers: { "Content-Type": "application/json", ...this.auth },
       body: JSON.stringify(offer),
@@ -228,11 +279,81 @@ export class Call extends EventTarget {
     if (!response.ok) throw await httpError(response);
     const answer = await response.json();
     this.sessionId = answer.session_id;
+    this.resumeCredential = answer.resume ?? null;
     if (this.closed) {
       await this.deleteSession();
       return;
     }
     await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type });
+  }
+
+  onConnectionState(pc) {
+    if (pc !== this.pc || this.closed) return;
+    const state = pc.connectionState;
+    this.emit("connection", state);
+    clearTimeout(this.disconnectedTimer);
+    if (state === "failed") {
+      this.reconnect();
+    } else if (state === "disconnected") {
+      // Often a moment's loss that ICE rides out; still down after a while, a new peer.
+      this.disconnectedTimer = setTimeout(() => {
+        if (pc === this.pc && pc.connectionState === "disconnected") this.reconnect();
+      }, DISCONNECTED_WAIT_MS);
+    }
+  }
+
+  /** The network came back (or changed): a link that is not up is replaced now. */
+  online() {
+    const state = this.pc?.connectionState;
+    if (!this.closed && this.sessionId && state !== "connected" && state !== "new") this.reconnect();
+  }
+
+  /**
+   * The link is lost: a new peer connection resumes the call (POST /sessions/{id}/resume), with
+   * exponential backoff and jitter, until it connects or the server says the call is gone.
+   * Emits "reconnecting" ({attempt, delayMs}) before each try, then "reconnected", or "closed"
+   * ({reason}) when the call cannot come back.
+   */
+  async reconnect() {
+    if (this.reconnecting || this.closed) return;
+    if (!this.resumeCredential || !this.sessionId) {
+      this.end("the connection failed");
+      return;
+    }
+    this.reconnecting = true;
+    const route = `/sessions/${encodeURIComponent(this.sessionId)}/resume`;
+    try {
+      for (let attempt = 1; !this.closed; attempt++) {
+        this.pc?.close();
+        const delayMs = backoffMs(attempt);
+        this.emit("reconnecting", { attempt, delayMs });
+        await sleep(delayMs);
+        if (this.closed) return;
+        try {
+          await this.connect(route, { resume: this.resumeCredential });
+          if (await connectedWithin(this.pc, RESUME_CONNECT_MS)) {
+            this.emit("reconnected", { attempt });
+            return;
+          }
+        } catch (err) {
+          if (err.status === 401 || err.status === 404) {
+            this.end(`the call could not be resumed: ${err.message}`);
+            return;
+          }
+          // The server out of reach, or busy: try again.
+        }
+      }
+    } finally {
+      this.reconnecting = false;
+    }
+  }
+
+  /** The call is over from our side of the link: "closed", and everything let go. */
+  end(reason) {
+    if (this.closed) return;
+    this.emit("closed", { reason });
+    this.sessionId = null; // the server has ended it, or will: no DELETE
+    this.stop();
   }
 
   /** STUN/TURN servers (with fresh TURN credentials) from GET /ice-servers; none on loopback. */
@@ -252,9 +373,12 @@ export class Call extends EventTarget {
 
   openChannel(channel) {
     this.channel = channel;
-    channel.addEventListener("open", () => this.emit("channel", true));
+    // A resumed call has a new channel: the old one's closing says nothing of it.
+    channel.addEventListener("open", () => {
+      if (channel === this.channel) this.emit("channel", true);
+    });
     channel.addEventListener("close", () => {
-      if (!this.closed) this.emit("channel", false);
+      if (!this.closed && channel === this.channel) this.emit("channel", false);
     });
     channel.addEventListener("message", (event) => this.onMessage(event.data));
   }
@@ -365,6 +489,8 @@ export class Call extends EventTarget {
 
   async stop() {
     this.closed = true;
+    clearTimeout(this.disconnectedTimer);
+    window.removeEventListener("online", this.onOnline);
     navigator.mediaDevices?.removeEventListener?.("devicechange", this.onDeviceChange);
     this.meter?.close();
     this.meter = null;

@@ -146,8 +146,6 @@ function onConnection(c, state) {
   if (state === "connected") {
     // The first state event may already have said "Listening"; keep it.
     if (c.state === null) setStatus(`Connected${modeNote(c)}`, "ok");
-  } else if (state === "failed") {
-    setStatus("Connection failed", "error");
   } else if (state === "disconnected") {
     setStatus("Connection interrupted, waiting…", "warn");
   }
@@ -184,6 +182,19 @@ async function startCall() {
   current.addEventListener("connection", (e) => onConnection(current, e.detail));
   current.addEventListener("channel", (e) => setChannelOpen(e.detail));
   current.addEventListener("event", (e) => onEvent(current, e.detail));
+  current.addEventListener("reconnecting", (e) => {
+    setStatus(`Connection lost, reconnecting (try ${e.detail.attempt})…`, "warn");
+  });
+  current.addEventListener("reconnected", () => {
+    setStatus("Reconnected", "ok");
+    stopStats();
+    startStats(current.pc);
+  });
+  current.addEventListener("closed", (e) => {
+    if (call !== current) return;
+    setStatus(`Call ended: ${e.detail.reason}`, "error");
+    stopCall({ keepStatus: true });
+  });
   current.addEventListener("devices", (e) => showMicrophones(e.detail, ui.mic.value));
   current.addEventListener("microphone", (e) => {
     if ([...ui.mic.options].some((o) => o.value === e.detail.deviceId)) ui.mic.value = e.detail.deviceId;

@@ -139,8 +139,19 @@ async function startCall(token) {
   call = current;
   if (TEST_HOOKS) window.avatarCall = current;
   current.addEventListener("channel", (e) => onChannel(current, e.detail));
-  current.addEventListener("connection", (e) => {
-    if (e.detail === "failed" && current === call) endCall("failed");
+  // A lost link is resumed by the Call itself; the host page hears of it.
+  current.addEventListener("reconnecting", (e) => {
+    if (current !== call) return;
+    setStatus("Reconnecting…", "warn");
+    post({ type: "reconnecting", attempt: e.detail.attempt });
+  });
+  current.addEventListener("reconnected", () => {
+    if (current !== call) return;
+    setStatus("");
+    post({ type: "reconnected" });
+  });
+  current.addEventListener("closed", (e) => {
+    if (current === call) endCall(e.detail.reason);
   });
   current.addEventListener("event", (e) => post(e.detail));
   try {

@@ -11,8 +11,8 @@
 // Options: server (default: where this script came from), token (servers with --api-key; sent in
 // the start command, never in the URL), autostart, avatar, theme ("dark" | "light"), title.
 // Methods: start(token?), stop(), say(text), text(text), interrupt(), on(type, fn), off(type,
-// fn), destroy(). Events: ready, connected, closed, microphone, state, transcript, response,
-// turn, error; "*" gets every one. The page's origin must be allowed by the server
+// fn), destroy(). Events: ready, connected, reconnecting, reconnected, closed, microphone, state,
+// transcript, response, turn, error; "*" gets every one. The page's origin must be allowed by the server
 // (--allowed-origin), or the browser refuses the frame and an error event says so.
 //
 // Messages go only to the server's origin, and only those from this avatar's own frame and that

@@ -902,7 +902,8 @@ offer_fields: dict[str, st.SearchStrategy[Any]] = {
 def tear_down(target: Target, reply: Reply, request: Request | None) -> None:
     """DELETE the session an offer opened; it must go at once."""
     answer = reply.json()
-    assert set(answer) == {"sdp", "type", "session_id"} and answer["type"] == "answer", answer
+    assert set(answer) == {"sdp", "type", "session_id", "resume"}, answer
+    assert answer["type"] == "answer" and len(answer["resume"]) >= 32, answer
     assert "m=audio" in answer["sdp"] and "m=video" in answer["sdp"]
     session_id = answer["session_id"]
     # No check that it is still there: a call whose ICE cannot succeed may already have ended

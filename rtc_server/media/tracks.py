@@ -29,11 +29,15 @@ class AvatarAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, clock: MediaClock, scheduler: AVScheduler) -> None:
+    def __init__(
+        self, clock: MediaClock, scheduler: AVScheduler, *, from_now: bool = False
+    ) -> None:
+        """``from_now``: the first frame is the clock's next instant (a track that takes over
+        from an ended one: the call resumed on a new peer connection), not the clock's first."""
         super().__init__()
         self._clock = clock
         self._scheduler = scheduler
-        self._index = 0
+        self._index = math.ceil(clock.now() / AUDIO_PTIME) if from_now and clock.started else 0
         scheduler.register("audio")
         self._per_unit = round(1 / (scheduler.fps * AUDIO_PTIME))
         self._samples = int(AUDIO_RATE * AUDIO_PTIME)
