@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 VIDEO_CLOCK = 90_000
+AUDIO_CLOCK = 48_000
+
+Frames = Sequence[tuple[float, int, np.ndarray]]
+"""Received frames as the test client keeps them: (arrival s, RTP timestamp, image or PCM)."""
 
 
 def stream_times(arrivals: Sequence[float], rtp: Sequence[int], clock_rate: int) -> np.ndarray:
@@ -81,6 +85,26 @@ def av_offset(
         if corr > best.correlation:
             best = SyncResult(float(lag_ms), corr)
     return best
+
+
+def lip_sync(video: Frames, audio: Frames, mouth_box: tuple[int, int, int, int]) -> SyncResult:
+    """How the mouth in ``video`` follows ``audio`` (48 kHz mono), both as received: each
+    stream on its arrival-anchored RTP timeline, mouth motion against the audio's envelope
+    change (:func:`av_offset`)."""
+    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], VIDEO_CLOCK)
+    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], AUDIO_CLOCK)
+    pcm = np.concatenate([p for _, _, p in audio])
+    return av_offset(vt, mouth_motion([img for _, _, img in video], mouth_box), at, pcm)
+
+
+def pcm_by_rtp_time(audio: Frames) -> np.ndarray:
+    """Received audio frames laid out sample for sample by their RTP time, from the first
+    frame's to the last one's end: a packet lost on the way leaves its samples silent."""
+    start, end = audio[0][1], audio[-1][1] + len(audio[-1][2])
+    pcm = np.zeros(end - start, np.int16)
+    for _, pts, frame in audio:
+        pcm[pts - start : pts - start + len(frame)] = frame
+    return pcm
 
 
 def frame_intervals_ms(times: Sequence[float]) -> np.ndarray:

@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
-from benchmarks.analysis import av_offset, frame_intervals_ms, mouth_motion, stream_times
+from benchmarks.analysis import frame_intervals_ms, lip_sync
 from benchmarks.client import CallClient
 from benchmarks.report import progress, summary
 from rtc_server.app import MANAGER, create_app
@@ -73,10 +72,7 @@ async def _measure(says: int, url: str | None) -> dict[str, Any]:
             audio = client.received.audio[a0:]
             speaking.append([a for a, _, _ in video])
             if mouth_box is not None:
-                vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
-                at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
-                pcm = np.concatenate([p for _, _, p in audio])
-                result = av_offset(vt, mouth_motion([v for _, _, v in video], mouth_box), at, pcm)
+                result = lip_sync(video, audio, mouth_box)
                 offsets.append({"offset_ms": result.offset_ms, "correlation": result.correlation})
     finally:
         await client.close()

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from benchmarks.analysis import av_offset, mouth_motion, stream_times
+from benchmarks.analysis import AUDIO_FRAME_SAMPLES, lip_sync, pcm_by_rtp_time
 from benchmarks.client import CallClient
 from rtc_server.media.resample import resample_int16
 from tests.conftest import LiveServer
@@ -36,15 +36,6 @@ def whisper():  # type: ignore[no-untyped-def]
 
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
-
-
-def _by_rtp_time(audio: list[tuple[float, int, np.ndarray]]) -> tuple[np.ndarray, int]:
-    """Received 48 kHz frames laid out by their RTP time; returns the PCM and the frames lost."""
-    start, end = audio[0][1], audio[-1][1] + len(audio[-1][2])
-    pcm = np.zeros(end - start, np.int16)
-    for _, pts, frame in audio:
-        pcm[pts - start : pts - start + len(frame)] = frame
-    return pcm, (end - start) // 960 - len(audio)
 
 
 def _sounding_s(pcm: np.ndarray, rate: int = 48_000) -> float:
@@ -88,7 +79,8 @@ async def test_say_over_a_real_call(live_server: LiveServer, whisper) -> None:  
 
     # What the caller got, sample for sample where it stood in the stream (RTP time): a packet
     # the test's own receiver lost leaves its 20 ms of silence, and is counted.
-    pcm, lost = _by_rtp_time(audio)
+    pcm = pcm_by_rtp_time(audio)
+    lost = len(pcm) // AUDIO_FRAME_SAMPLES - len(audio)
 
     # Nothing was inserted into the speech or cut from it: from its first sound to its last it
     # lasts as long as the speech the TTS gives for the same text (deterministic voice).
@@ -121,10 +113,7 @@ async def test_say_over_a_real_call(live_server: LiveServer, whisper) -> None:  
     # The mouth follows the audio: motion against envelope change, best lag within ±40 ms.
     box = live_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
     assert box is not None
-    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
-    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
-    received = np.concatenate([p for _, _, p in audio])
-    result = av_offset(vt, mouth_motion([img for _, _, img in video], box), at, received)
+    result = lip_sync(video, audio, box)
     print(f"lip-sync: offset {result.offset_ms:+.0f} ms, correlation {result.correlation:.2f}")
     assert result.correlation >= 0.5
     assert abs(result.offset_ms) <= 40

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.analysis import av_offset, mouth_motion, stream_times
+from benchmarks.analysis import lip_sync, pcm_by_rtp_time
 from benchmarks.client import CallClient
 from benchmarks.clip import speech_pcm
 from benchmarks.latency import connect_caller
@@ -24,14 +24,6 @@ QUESTION = "What is the capital of France?"
 REPLY = "The capital of France is Paris. It lies on the river Seine."
 FRAME_MS = 1000 / VIDEO_FPS
 """One video frame: the grain of what the caller was shown and heard."""
-
-
-def _by_rtp_time(audio: list[tuple[float, int, np.ndarray]]) -> np.ndarray:
-    start, end = audio[0][1], audio[-1][1] + len(audio[-1][2])
-    pcm = np.zeros(end - start, np.int16)
-    for _, pts, frame in audio:
-        pcm[pts - start : pts - start + len(frame)] = frame
-    return pcm
 
 
 def _loud(pcm: np.ndarray) -> np.ndarray:
@@ -115,7 +107,7 @@ async def test_a_spoken_question_gets_a_transcript_and_a_lip_synced_spoken_reply
     assert turn["metrics"]["first_audio_out_ms"] > 0
     # The reply reached the caller whole: from its first sound to its last, as long as the
     # service's audio.
-    pcm = _by_rtp_time(audio)
+    pcm = pcm_by_rtp_time(audio)
     spoken, reference = _loud(pcm), _loud(resample_int16(reply_pcm, RATE, 48_000))
     spoken_s = (spoken[-1] - spoken[0]) / 48_000
     reference_s = (reference[-1] - reference[0]) / 48_000
@@ -123,10 +115,7 @@ async def test_a_spoken_question_gets_a_transcript_and_a_lip_synced_spoken_reply
     # And the mouth follows it.
     box = realtime_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
     assert box is not None
-    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
-    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
-    received = np.concatenate([p for _, _, p in audio])
-    result = av_offset(vt, mouth_motion([img for _, _, img in video], box), at, received)
+    result = lip_sync(video, audio, box)
     print(f"lip-sync: offset {result.offset_ms:+.0f} ms, correlation {result.correlation:.2f}")
     assert result.correlation >= 0.5
     assert abs(result.offset_ms) <= 40
@@ -171,7 +160,7 @@ async def test_barge_in_cancels_and_truncates_at_what_the_caller_heard(
     # What the caller heard of the reply: the steady tone's sound from its start to where it
     # stopped (the first silence of 100 ms or more), counted in 10 ms windows, so that a
     # moment the service's audio came late (a short silence in it) is not counted as heard.
-    pcm = _by_rtp_time(audio)
+    pcm = pcm_by_rtp_time(audio)
     loud = _loud(pcm)
     gaps = np.flatnonzero(np.diff(loud) > 4_800)
     end = loud[gaps[0]] if gaps.size else loud[-1]
