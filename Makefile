@@ -47,7 +47,8 @@ lint: install lint-js
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# The pages' JavaScript, with ESLint from npm (Node.js from Debian when it is missing).
+# The pages' JavaScript, with ESLint from npm (Node.js from Debian when it is missing), and the
+# client library's TypeScript declarations checked against a page that uses them (tests/js).
 node_modules/.installed: package.json package-lock.json
 	@command -v npm >/dev/null 2>&1 || { \
 	  echo "installing Node.js from Debian..."; \
@@ -57,6 +58,7 @@ node_modules/.installed: package.json package-lock.json
 
 lint-js: node_modules/.installed
 	npx --no-install eslint static
+	npx --no-install tsc -p tests/js
 
 # Tests run in a network namespace holding only `lo` where that is allowed (root), so no packet
 # of any call can leave 127.0.0.1; elsewhere they run as they are, still bound to 127.0.0.1.

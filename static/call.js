@@ -179,10 +179,13 @@ export class Call extends EventTarget {
    *   "Authorization: Bearer" on /offer and the session's routes (servers with --api-key);
    *   avatar: asked for in the offer; visemes: open the "visemes" data channel, whose binary
    *   frames shape the avatar's mouth (docs/ARCHITECTURE.md, "The viseme stream");
-   *   microphone: the deviceId of the microphone to start with (default: the browser's)
+   *   microphone: the deviceId of the microphone to start with (default: the browser's);
+   *   baseUrl: the avatar-rtc server, for a page served from elsewhere (its origin must be
+   *   one the server allows, --allowed-origin); default: the page's own origin
    */
-  constructor(video, { token = null, avatar = null, visemes = false, microphone = null } = {}) {
+  constructor(video, { token = null, avatar = null, visemes = false, microphone = null, baseUrl = "" } = {}) {
     super();
+    this.baseUrl = baseUrl ? new URL(baseUrl, location.href).href.replace(/\/+$/, "") : "";
     this.video = video;
     this.auth = token ? { Authorization: `Bearer ${token}` } : {};
     this.avatar = avatar;
@@ -214,6 +217,11 @@ export class Call extends EventTarget {
 
   emit(type, detail) {
     this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+
+  /** The address of one of the server's routes (`path` from the root). */
+  url(path) {
+    return `${this.baseUrl}${path}`;
   }
 
   async start() {
@@ -271,7 +279,7 @@ export class Call extends EventTarget {
     await iceGatheringComplete(pc);
     if (this.closed) return;
     const offer = { sdp: pc.localDescription.sdp, type: pc.localDescription.type, ...extra };
-    const response = await fetch(route, {
+    const response = await fetch(this.url(route), {
       method: "POST",
       headers: { "Content-Type": "application/json", ...this.auth },
       body: JSON.stringify(offer),
@@ -358,7 +366,7 @@ export class Call extends EventTarget {
 
   /** STUN/TURN servers (with fresh TURN credentials) from GET /ice-servers; none on loopback. */
   async fetchIceServers() {
-    const response = await fetch("/ice-servers", { headers: this.auth, cache: "no-store" });
+    const response = await fetch(this.url("/ice-servers"), { headers: this.auth, cache: "no-store" });
     if (!response.ok) throw await httpError(response);
     const body = await response.json();
     return Array.isArray(body.iceServers) ? body.iceServers : [];
@@ -477,7 +485,7 @@ export class Call extends EventTarget {
     const id = this.sessionId;
     this.sessionId = null;
     try {
-      await fetch(`/sessions/${encodeURIComponent(id)}`, {
+      await fetch(this.url(`/sessions/${encodeURIComponent(id)}`), {
         method: "DELETE",
         headers: this.auth,
         keepalive: true,

@@ -15,6 +15,8 @@
 // transcript, response, turn, error; "*" gets every one. The page's origin must be allowed by the server
 // (--allowed-origin), or the browser refuses the frame and an error event says so.
 //
+// As an ES module: embed-host.js (the same code; give it the 'server' option).
+//
 // Messages go only to the server's origin, and only those from this avatar's own frame and that
 // origin are taken (docs/DECISIONS.md, "Embedding").
 (function () {
@@ -170,6 +172,7 @@
 
   window.AvatarRTC = {
     version: PROTOCOL,
+    Avatar,
     embed(container, options) {
       return new Avatar(container, options);
     },
