@@ -16,8 +16,8 @@ import numpy as np
 VIDEO_CLOCK = 90_000
 AUDIO_CLOCK = 48_000
 
-Frames = Sequence[tuple[float, int, np.ndarray]]
-"""Received frames as the test client keeps them: (arrival s, RTP timestamp, image or PCM)."""
+Frame = tuple[float, int, np.ndarray]
+"""A received frame as the test client keeps it: arrival (s), RTP timestamp, image or PCM."""
 
 
 def stream_times(arrivals: Sequence[float], rtp: Sequence[int], clock_rate: int) -> np.ndarray:
@@ -87,7 +87,9 @@ def av_offset(
     return best
 
 
-def lip_sync(video: Frames, audio: Frames, mouth_box: tuple[int, int, int, int]) -> SyncResult:
+def lip_sync(
+    video: Sequence[Frame], audio: Sequence[Frame], mouth_box: tuple[int, int, int, int]
+) -> SyncResult:
     """How the mouth in ``video`` follows ``audio`` (48 kHz mono), both as received: each
     stream on its arrival-anchored RTP timeline, mouth motion against the audio's envelope
     change (:func:`av_offset`)."""
@@ -97,7 +99,7 @@ def lip_sync(video: Frames, audio: Frames, mouth_box: tuple[int, int, int, int])
     return av_offset(vt, mouth_motion([img for _, _, img in video], mouth_box), at, pcm)
 
 
-def pcm_by_rtp_time(audio: Frames) -> np.ndarray:
+def pcm_by_rtp_time(audio: Sequence[Frame]) -> np.ndarray:
     """Received audio frames laid out sample for sample by their RTP time, from the first
     frame's to the last one's end: a packet lost on the way leaves its samples silent."""
     start, end = audio[0][1], audio[-1][1] + len(audio[-1][2])

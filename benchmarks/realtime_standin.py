@@ -7,6 +7,17 @@ hears nothing for real: a committed turn is "transcribed" as :attr:`heard`, and 
 speaks :attr:`reply_pcm` with :attr:`reply_text` as its transcript, after a fixed simulated
 service delay, in deltas faster than real time (as the service sends them).
 
+When the session asks for ``server_vad`` turn detection it detects the caller's speech itself,
+by energy: a 10 ms window of the appended audio is speech when its RMS is above
+:data:`SPEECH_RMS` (-40 dBFS; the session's ``threshold`` is not modelled). At the onset comes
+``input_audio_buffer.speech_started`` (``audio_start_ms`` from the start of the session's
+audio, ``prefix_padding_ms`` before the onset, default 300, and the ``item_id`` the turn will
+have); after ``silence_duration_ms`` of no speech (default 500)
+``input_audio_buffer.speech_stopped``, the commit of that audio (``committed``, the item, its
+transcription) and, with ``create_response`` (default true), a response. With
+``interrupt_response`` (default true) speech that starts during a response cancels it
+(``response.done``, ``cancelled``, reason ``turn_detected``).
+
 What a test can script: refused handshakes (:attr:`refuse`, an HTTP status each), and per
 response a failure (:meth:`fail_next`): ``"close"`` hangs up mid-response, ``"error"`` sends an
 ``error`` event in its place, ``"rate_limit"`` ends it ``failed`` with ``rate_limit_exceeded``,
@@ -33,6 +44,10 @@ KEY = "sk-realtime-test"
 RATE = 24_000
 DELTA_SAMPLES = 2_400
 """Audio per ``response.output_audio.delta`` (100 ms)."""
+SPEECH_RMS = 328.0
+"""Server VAD: a window of the caller's audio is speech above this RMS (-40 dBFS)."""
+VAD_WINDOW = RATE // 100
+"""Server VAD: the caller's audio is judged in windows of 10 ms."""
 
 
 @dataclass
@@ -44,6 +59,18 @@ class Truncate:
 
 
 @dataclass
+class Speech:
+    """A turn the server VAD heard (ms from the start of the session's audio)."""
+
+    item_id: str
+    audio_start_ms: int
+    """Where the turn's audio starts: the onset, less the prefix padding."""
+    onset_ms: int
+    audio_end_ms: int | None = None
+    """Where it was stopped: the last speech plus the silence duration; None: still going."""
+
+
+@dataclass
 class Connection:
     """One client connection: what it sent and what the stand-in made of it."""
 
@@ -51,6 +78,18 @@ class Connection:
     events: list[dict[str, Any]] = field(default_factory=list)
     session: dict[str, Any] | None = None
     buffer: list[np.ndarray] = field(default_factory=list)
+    buffer_from: int = 0
+    """Sample of the session's audio that the buffer starts at."""
+    vad_pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
+    """Audio short of a whole VAD window, waiting for more."""
+    vad_heard: int = 0
+    """Samples of the session's audio the server VAD has judged."""
+    last_speech: int = 0
+    """One past the last sample of speech the server VAD heard."""
+    speech: list[Speech] = field(default_factory=list)
+    """The turns the server VAD heard, in order."""
+    vad_cancels: int = 0
+    """Responses the server VAD cancelled (speech during them)."""
     committed: list[np.ndarray] = field(default_factory=list)
     """The caller's audio of each committed turn."""
     items: list[dict[str, Any]] = field(default_factory=list)
@@ -63,6 +102,29 @@ class Connection:
 
     def sent(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("type") == kind]
+
+    @property
+    def server_vad(self) -> dict[str, Any] | None:
+        """The session's ``server_vad`` turn detection; None: the client ends the turns."""
+        audio = (self.session or {}).get("audio", {})
+        detection = audio.get("input", {}).get("turn_detection")
+        return (
+            detection
+            if isinstance(detection, dict) and detection.get("type") == "server_vad"
+            else None
+        )
+
+    @property
+    def responding(self) -> bool:
+        return self.response is not None and not self.response.done()
+
+    def take_buffer(self, end: int | None = None) -> np.ndarray:
+        """The buffer's audio up to sample ``end`` of the session (all of it: None), taken out."""
+        audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.int16)
+        cut = len(audio) if end is None else max(0, end - self.buffer_from)
+        self.buffer = [audio[cut:]] if cut < len(audio) else []
+        self.buffer_from += cut
+        return audio[:cut]
 
 
 class RealtimeStandIn:
@@ -87,6 +149,8 @@ class RealtimeStandIn:
         self._failures: list[str] = []
         self.connections: list[Connection] = []
         self.violations: list[str] = []
+        self.errors: list[str] = []
+        """The codes of the ``error`` events sent, in order."""
         self.first_delta_at: list[float] = []
         """Loop time of each response's first audio delta."""
         self._ids = itertools.count(1)
@@ -156,6 +220,8 @@ class RealtimeStandIn:
         return ws
 
     async def _send(self, ws: web.WebSocketResponse, kind: str, **fields: Any) -> None:
+        if kind == "error":
+            self.errors.append(fields["error"]["code"])
         if not ws.closed:
             await ws.send_str(json.dumps({"type": kind, "event_id": self._id("event"), **fields}))
 
@@ -192,11 +258,14 @@ class RealtimeStandIn:
             if len(data) % 2:
                 await self._violation(ws, "audio of an odd number of bytes")
                 return
-            conn.buffer.append(np.frombuffer(data, "<i2").astype(np.int16))
+            samples = np.frombuffer(data, "<i2").astype(np.int16)
+            conn.buffer.append(samples)
+            if conn.server_vad is not None:
+                await self._detect(ws, conn, conn.server_vad, samples)
         elif kind == "input_audio_buffer.commit":
-            await self._commit(ws, conn)
+            await self._commit(ws, conn, conn.take_buffer(), self._id("item"))
         elif kind == "input_audio_buffer.clear":
-            conn.buffer.clear()
+            conn.take_buffer()
             await self._send(ws, "input_audio_buffer.cleared")
         elif kind == "conversation.item.create":
             await self._create_item(ws, conn, event.get("item"))
@@ -212,8 +281,7 @@ class RealtimeStandIn:
                     },
                 )
                 return
-            conn.responses += 1
-            conn.response = asyncio.create_task(self._respond(ws, conn))
+            self._start_response(ws, conn)
         elif kind == "response.cancel":
             await self._cancel(ws, conn)
         elif kind == "conversation.item.truncate":
@@ -221,9 +289,73 @@ class RealtimeStandIn:
         else:
             await self._violation(ws, f"an event of unknown type {kind!r}")
 
-    async def _commit(self, ws: web.WebSocketResponse, conn: Connection) -> None:
-        audio = np.concatenate(conn.buffer) if conn.buffer else np.zeros(0, np.int16)
-        conn.buffer.clear()
+    def _start_response(self, ws: web.WebSocketResponse, conn: Connection) -> None:
+        conn.responses += 1
+        conn.response_id = None  # until the simulated service time has passed
+        conn.response = asyncio.create_task(self._respond(ws, conn))
+
+    async def _detect(
+        self, ws: web.WebSocketResponse, conn: Connection, vad: dict[str, Any], pcm: np.ndarray
+    ) -> None:
+        """The server VAD, on the audio just appended (see the module docstring)."""
+        audio = np.concatenate([conn.vad_pending, pcm])
+        whole = len(audio) // VAD_WINDOW * VAD_WINDOW
+        conn.vad_pending = audio[whole:]
+        windows = audio[:whole].reshape(-1, VAD_WINDOW).astype(np.float64)
+        silence = int(vad.get("silence_duration_ms", 500)) * RATE // 1000
+        padding = int(vad.get("prefix_padding_ms", 300)) * RATE // 1000
+        for loud in np.sqrt((windows**2).mean(axis=1)) > SPEECH_RMS:
+            start = conn.vad_heard
+            conn.vad_heard += VAD_WINDOW
+            going = (
+                conn.speech[-1] if conn.speech and conn.speech[-1].audio_end_ms is None else None
+            )
+            if loud:
+                conn.last_speech = conn.vad_heard
+                if going is None:
+                    await self._speech_started(ws, conn, vad, start, padding)
+            elif going is not None and conn.vad_heard - conn.last_speech >= silence:
+                await self._speech_stopped(ws, conn, vad, going)
+
+    async def _speech_started(
+        self,
+        ws: web.WebSocketResponse,
+        conn: Connection,
+        vad: dict[str, Any],
+        onset: int,
+        padding: int,
+    ) -> None:
+        start = max(conn.buffer_from, onset - padding)
+        speech = Speech(self._id("item"), start * 1000 // RATE, onset * 1000 // RATE)
+        conn.speech.append(speech)
+        await self._send(
+            ws,
+            "input_audio_buffer.speech_started",
+            audio_start_ms=speech.audio_start_ms,
+            item_id=speech.item_id,
+        )
+        if vad.get("interrupt_response", True) and conn.responding:
+            conn.vad_cancels += 1
+            await self._stop_response(ws, conn, "turn_detected")
+
+    async def _speech_stopped(
+        self, ws: web.WebSocketResponse, conn: Connection, vad: dict[str, Any], speech: Speech
+    ) -> None:
+        speech.audio_end_ms = conn.vad_heard * 1000 // RATE
+        await self._send(
+            ws,
+            "input_audio_buffer.speech_stopped",
+            audio_end_ms=speech.audio_end_ms,
+            item_id=speech.item_id,
+        )
+        conn.take_buffer(speech.audio_start_ms * RATE // 1000)  # before the turn: not in it
+        await self._commit(ws, conn, conn.take_buffer(conn.vad_heard), speech.item_id)
+        if vad.get("create_response", True) and not conn.responding:
+            self._start_response(ws, conn)
+
+    async def _commit(
+        self, ws: web.WebSocketResponse, conn: Connection, audio: np.ndarray, item_id: str
+    ) -> None:
         if len(audio) < RATE // 10:
             await self._send(
                 ws,
@@ -236,7 +368,6 @@ class RealtimeStandIn:
             )
             return
         conn.committed.append(audio)
-        item_id = self._id("item")
         previous = conn.items[-1]["id"] if conn.items else None
         item = {
             "id": item_id,
@@ -379,8 +510,7 @@ class RealtimeStandIn:
 
     async def _cancel(self, ws: web.WebSocketResponse, conn: Connection) -> None:
         conn.cancels += 1
-        task = conn.response
-        if task is None or task.done():
+        if not conn.responding:
             await self._send(
                 ws,
                 "error",
@@ -391,11 +521,34 @@ class RealtimeStandIn:
                 },
             )
             return
-        task.cancel()
+        await self._stop_response(ws, conn, "client_cancelled")
+
+    async def _stop_response(
+        self, ws: web.WebSocketResponse, conn: Connection, reason: str
+    ) -> None:
+        assert conn.response is not None
+        conn.response.cancel()
+        conn.response = None
+        if conn.response_id is None:  # cancelled before it began: it begins, and ends
+            conn.response_id = self._id("resp")
+            await self._send(
+                ws,
+                "response.created",
+                response={
+                    "id": conn.response_id,
+                    "object": "realtime.response",
+                    "status": "in_progress",
+                },
+            )
         await self._send(
             ws,
             "response.done",
-            response={"id": conn.response_id, "object": "realtime.response", "status": "cancelled"},
+            response={
+                "id": conn.response_id,
+                "object": "realtime.response",
+                "status": "cancelled",
+                "status_details": {"type": "cancelled", "reason": reason},
+            },
         )
 
     async def _truncate(self, ws: web.WebSocketResponse, conn: Connection, event: Any) -> None:

@@ -7,8 +7,11 @@ and TTS with the call's :class:`~rtc_server.providers.openai_realtime.RealtimeLi
 * The caller's audio, at 24 kHz, streams to the service while the caller speaks: from the VAD's
   start of speech (with the audio before it that the VAD keeps as pre-roll) to the end of the
   turn, in 100 ms pieces. At the end of the turn: commit, and a response. With the service's
-  own turn detection (``--realtime-turns service``) all audio goes, the service starts the
-  responses and its ``speech_started`` is the barge-in.
+  own turn detection (``--realtime-turns service``) all audio goes, our VAD's turn events are
+  not used (the call's controller ignores them), the service commits and starts the responses,
+  and its ``speech_started`` is the barge-in: the service cancels its response itself (our
+  cancel after it is answered ``response_cancel_not_active``, which is harmless) and we
+  truncate at what was heard.
 * The reply's audio goes into the speech output as it arrives, one segment per response; its
   transcript becomes ``response`` events, sentence by sentence; the caller's transcription
   becomes the ``transcript`` event. Both go into the call's history, which seeds a renewed
@@ -51,7 +54,8 @@ class RealtimeTurns:
 
     def __init__(self, turns: TurnController, service: OpenAIRealtime) -> None:
         self._turns = turns
-        self._service_turns = service.settings.service_turns
+        self.service_turns = service.settings.service_turns
+        """The service's turn detection ends the caller's turns (and barges in), not our VAD."""
         self.link = service.link(
             turns.tasks,
             history=turns.conversation.messages,
@@ -60,7 +64,7 @@ class RealtimeTurns:
             on_speech_started=self._service_heard_speech,
             log=turns.log,
         )
-        self._streaming = self._service_turns
+        self._streaming = self.service_turns
         self._recent: deque[np.ndarray] = deque()
         self._recent_samples = 0
         self._pending: list[np.ndarray] = []
@@ -88,7 +92,7 @@ class RealtimeTurns:
 
     def speech_started(self, at: float, pre_roll_s: float) -> None:
         """The VAD heard speech begin at ``at`` (its clock, seconds): stream from there."""
-        if self._service_turns:
+        if self.service_turns:
             return
         self.link.ensure()
         back = int((self._received / SAMPLE_RATE - at + pre_roll_s) * SAMPLE_RATE)
@@ -116,7 +120,7 @@ class RealtimeTurns:
     def speech_ended(self, timer: TurnTimer) -> Awaitable[None]:
         """The caller's turn ended (our VAD): commit what they said and answer it."""
         self._flush()
-        self._streaming = self._service_turns
+        self._streaming = self.service_turns
         return self._answer(lambda: self.link.respond(commit=True), timer)
 
     def typed(self, text: str, timer: TurnTimer) -> Awaitable[None]:
@@ -169,7 +173,7 @@ class RealtimeTurns:
             for sentence in splitter.feed(delta):
                 turns.send({"type": "response", "text": sentence})
 
-        reply.on_text = on_text
+        reply.follow(on_text)
         try:
             await turns.speech.play(
                 reply.chunks(), utterance, on_audio=lambda: timer.mark("tts_first_audio")

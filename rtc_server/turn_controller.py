@@ -139,6 +139,8 @@ class TurnController:
 
     def on_vad(self, event: VADEvent) -> None:
         self.touch()
+        if self.realtime is not None and self.realtime.service_turns:
+            return  # the service's turn detection ends the turns, and barges in
         if isinstance(event, SpeechStart):
             if self.settings.barge_in and self.state is not CallState.LISTENING:
                 self.log.info("barge-in")

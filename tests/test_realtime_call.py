@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from benchmarks.analysis import lip_sync, pcm_by_rtp_time
+from benchmarks.analysis import Frame, lip_sync, pcm_by_rtp_time
 from benchmarks.client import CallClient
 from benchmarks.clip import speech_pcm
 from benchmarks.latency import connect_caller
@@ -65,13 +67,22 @@ async def realtime_server(
         await runner.cleanup()  # type: ignore[attr-defined]
 
 
-async def test_a_spoken_question_gets_a_transcript_and_a_lip_synced_spoken_reply(
-    realtime_server: LiveServer, standin: RealtimeStandIn, reply_pcm: np.ndarray
-) -> None:
-    names = [(c.slot, c.name) for c in realtime_server.manager.choices]
-    assert names[:2] == [("stt", "openai-realtime"), ("llm", "openai-realtime")]
+@dataclass
+class _Asked:
+    """A spoken question and what the caller got back: the call's events, the turn event, and
+    the audio and video from before the reply to its end."""
+
+    question: np.ndarray
+    events: list[dict[str, Any]]
+    turn: dict[str, Any]
+    audio: list[Frame]
+    video: list[Frame]
+
+
+async def _ask(server: LiveServer, standin: RealtimeStandIn) -> _Asked:
+    """The caller says QUESTION, is told the transcript and hears the reply."""
     question = await speech_pcm(QUESTION)
-    client, mic = await connect_caller(realtime_server.url)
+    client, mic = await connect_caller(server.url)
     try:
         await wait_until(lambda: len(standin.connections) == 1, 10, "the call connected")
         # From before the reply: its first packets may come before the state event.
@@ -87,38 +98,75 @@ async def test_a_spoken_question_gets_a_transcript_and_a_lip_synced_spoken_reply
         video = client.received.video[video_from:]
     finally:
         await client.close()
+    return _Asked(question, client.events, turn, audio, video)
+
+
+def _answered(
+    server: LiveServer, standin: RealtimeStandIn, asked: _Asked, reply_pcm: np.ndarray
+) -> None:
+    """The question was heard whole and the reply came: its transcript as response events,
+    its audio whole, lip-synced."""
+    conn = standin.connections[0]
+    # The caller's speech went as it was heard, whole: the committed turn holds the question
+    # (its sound from first to last sample) and not much more than the VAD's hang-over after it.
+    assert len(conn.committed) == 1
+    said = _loud(resample_int16(asked.question, 48_000, RATE))
+    got = _loud(conn.committed[0])
+    assert abs((got[-1] - got[0]) - (said[-1] - said[0])) / RATE < 0.1
+    # The transcript, as response events, sentence by sentence.
+    parts = [e["text"] for e in asked.events if e.get("type") == "response"]
+    assert " ".join(parts) == REPLY
+    assert asked.turn["metrics"]["first_audio_out_ms"] > 0
+    # The reply reached the caller whole: from its first sound to its last, as long as the
+    # service's audio.
+    pcm = pcm_by_rtp_time(asked.audio)
+    spoken, reference = _loud(pcm), _loud(resample_int16(reply_pcm, RATE, 48_000))
+    spoken_s = (spoken[-1] - spoken[0]) / 48_000
+    reference_s = (reference[-1] - reference[0]) / 48_000
+    assert abs(spoken_s - reference_s) <= 0.04, (spoken_s, reference_s)
+    # And the mouth follows it.
+    box = server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
+    assert box is not None
+    result = lip_sync(asked.video, asked.audio, box)
+    print(f"lip-sync: offset {result.offset_ms:+.0f} ms, correlation {result.correlation:.2f}")
+    assert result.correlation >= 0.5
+    assert abs(result.offset_ms) <= 40
+
+
+async def test_a_spoken_question_gets_a_transcript_and_a_lip_synced_spoken_reply(
+    realtime_server: LiveServer, standin: RealtimeStandIn, reply_pcm: np.ndarray
+) -> None:
+    names = [(c.slot, c.name) for c in realtime_server.manager.choices]
+    assert names[:2] == [("stt", "openai-realtime"), ("llm", "openai-realtime")]
+    asked = await _ask(realtime_server, standin)
     assert standin.violations == []
     conn = standin.connections[0]
     assert conn.model == "gpt-realtime"
     session = conn.session
     assert session is not None and session["audio"]["input"]["turn_detection"] is None
     assert session["audio"]["input"]["transcription"] == {"model": "gpt-4o-mini-transcribe"}
-    # The caller's speech went as it was heard, whole: the committed turn holds the question
-    # (its sound from first to last sample) and not much more than the VAD's hang-over after it.
-    assert len(conn.committed) == 1
-    heard = conn.committed[0]
-    said = _loud(resample_int16(question, 48_000, RATE))
-    got = _loud(heard)
-    assert abs((got[-1] - got[0]) - (said[-1] - said[0])) / RATE < 0.1
     assert len(conn.sent("input_audio_buffer.append")) >= 10  # streamed, not sent at the end
-    # The transcript, as response events, sentence by sentence.
-    parts = [e["text"] for e in client.events if e.get("type") == "response"]
-    assert " ".join(parts) == REPLY
-    assert turn["metrics"]["first_audio_out_ms"] > 0
-    # The reply reached the caller whole: from its first sound to its last, as long as the
-    # service's audio.
-    pcm = pcm_by_rtp_time(audio)
-    spoken, reference = _loud(pcm), _loud(resample_int16(reply_pcm, RATE, 48_000))
-    spoken_s = (spoken[-1] - spoken[0]) / 48_000
-    reference_s = (reference[-1] - reference[0]) / 48_000
-    assert abs(spoken_s - reference_s) <= 0.04, (spoken_s, reference_s)
-    # And the mouth follows it.
-    box = realtime_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
-    assert box is not None
-    result = lip_sync(video, audio, box)
-    print(f"lip-sync: offset {result.offset_ms:+.0f} ms, correlation {result.correlation:.2f}")
-    assert result.correlation >= 0.5
-    assert abs(result.offset_ms) <= 40
+    _answered(realtime_server, standin, asked, reply_pcm)
+
+
+async def test_service_turns_a_spoken_question_is_ended_and_answered_by_the_service(
+    engine_factory: EngineFactory, cache_dir: Path, standin: RealtimeStandIn, reply_pcm: np.ndarray
+) -> None:
+    server, runner = await _server(engine_factory, cache_dir, standin, realtime_turns="service")
+    try:
+        asked = await _ask(server, standin)
+    finally:
+        await runner.cleanup()
+    assert standin.violations == [] and standin.errors == []
+    assert not any(e.get("type") == "error" for e in asked.events), asked.events
+    conn = standin.connections[0]
+    assert conn.session is not None
+    assert conn.session["audio"]["input"]["turn_detection"] == {"type": "server_vad"}
+    # The service heard the turn end and answered it: we neither committed nor asked.
+    assert conn.sent("input_audio_buffer.commit") == []
+    assert conn.sent("response.create") == []
+    assert len(conn.speech) == 1 and conn.responses == 1
+    _answered(server, standin, asked, reply_pcm)
 
 
 def _tone(seconds: float) -> np.ndarray:
@@ -128,11 +176,13 @@ def _tone(seconds: float) -> np.ndarray:
     return (wave / np.abs(wave).max() * 8000).astype(np.int16)
 
 
-async def test_barge_in_cancels_and_truncates_at_what_the_caller_heard(
-    engine_factory: EngineFactory, cache_dir: Path
-) -> None:
+async def _barge_in(
+    engine_factory: EngineFactory, cache_dir: Path, **config: object
+) -> tuple[RealtimeStandIn, list[dict[str, object]], list[Frame]]:
+    """A spoken question, and the caller speaking again 1.5 s into the reply (a steady tone of
+    8 s); returns the stand-in, the call's events and the audio the caller got."""
     async with RealtimeStandIn(_tone(8.0), "La " * 40, pace=1.5) as standin:
-        server, runner = await _server(engine_factory, cache_dir, standin)
+        server, runner = await _server(engine_factory, cache_dir, standin, **config)
         try:
             question = await speech_pcm(QUESTION)
             client, mic = await connect_caller(server.url)
@@ -147,6 +197,8 @@ async def test_barge_in_cancels_and_truncates_at_what_the_caller_heard(
                 await wait_until(
                     lambda: standin.connections[0].truncates, 5, "the service got a truncate"
                 )
+                # What the caller said is answered.
+                await client.wait_state("speaking", 20)
                 await asyncio.sleep(0.3)
                 audio = client.received.audio[audio_from:]
             finally:
@@ -154,22 +206,53 @@ async def test_barge_in_cancels_and_truncates_at_what_the_caller_heard(
         finally:
             await runner.cleanup()
     assert standin.violations == []
-    conn = standin.connections[0]
-    assert conn.cancels >= 1  # the service was still writing the reply: it was stopped
-    truncate = conn.truncates[0]
-    # What the caller heard of the reply: the steady tone's sound from its start to where it
-    # stopped (the first silence of 100 ms or more), counted in 10 ms windows, so that a
-    # moment the service's audio came late (a short silence in it) is not counted as heard.
+    return standin, client.events, audio
+
+
+def _heard_ms(audio: list[Frame]) -> int:
+    """What the caller heard of the reply: the steady tone's sound from its start to where it
+    stopped (the first silence of 100 ms or more), counted in 10 ms windows, so that a moment
+    the service's audio came late (a short silence in it) is not counted as heard."""
     pcm = pcm_by_rtp_time(audio)
     loud = _loud(pcm)
     gaps = np.flatnonzero(np.diff(loud) > 4_800)
     end = loud[gaps[0]] if gaps.size else loud[-1]
     windows = pcm[loud[0] : end + 1][: (end + 1 - loud[0]) // 480 * 480].reshape(-1, 480)
     sounding = np.abs(windows.astype(np.int32)).max(axis=1) > 328
-    heard_ms = 10 * int(sounding.sum())
+    return 10 * int(sounding.sum())
+
+
+def _truncated_at_what_was_heard(standin: RealtimeStandIn, audio: list[Frame]) -> None:
+    truncate = standin.connections[0].truncates[0]
+    heard_ms = _heard_ms(audio)
     print(f"truncated at {truncate.audio_end_ms} ms; the caller heard {heard_ms:.0f} ms")
     assert 1000 < heard_ms < 4000
     assert abs(truncate.audio_end_ms - heard_ms) <= FRAME_MS + 20  # a frame, and Opus' edge
+
+
+async def test_barge_in_cancels_and_truncates_at_what_the_caller_heard(
+    engine_factory: EngineFactory, cache_dir: Path
+) -> None:
+    standin, _, audio = await _barge_in(engine_factory, cache_dir)
+    conn = standin.connections[0]
+    assert conn.cancels >= 1  # the service was still writing the reply: it was stopped
+    _truncated_at_what_was_heard(standin, audio)
+
+
+async def test_service_turns_barge_in_the_service_cancels_and_we_truncate_at_what_was_heard(
+    engine_factory: EngineFactory, cache_dir: Path
+) -> None:
+    standin, events, audio = await _barge_in(engine_factory, cache_dir, realtime_turns="service")
+    conn = standin.connections[0]
+    # The service heard the caller and cancelled its response itself; our cancel, sent as we
+    # heard of it, came after and was refused (response_cancel_not_active): harmless, so the
+    # caller was told of no error, and what they said was answered.
+    assert conn.vad_cancels == 1 and conn.cancels == 1
+    assert standin.errors == ["response_cancel_not_active"]
+    assert not any(e.get("type") == "error" for e in events), events
+    assert conn.sent("input_audio_buffer.commit") == [] and conn.sent("response.create") == []
+    assert len(conn.speech) == 2 and conn.responses == 2
+    _truncated_at_what_was_heard(standin, audio)
 
 
 async def _hears_the_apology(client: CallClient) -> None:

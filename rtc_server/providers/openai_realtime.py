@@ -153,8 +153,7 @@ class RealtimeReply:
         """Audio samples received (24 kHz)."""
         self.status: str | None = None
         """How the service ended it (completed, cancelled, incomplete, failed); None: going."""
-        self.on_text: Callable[[str], None] | None = None
-        """Takes each piece of the transcript as it comes."""
+        self._on_text: Callable[[str], None] | None = None
         self._queue: asyncio.Queue[np.ndarray | ProviderError | None] = asyncio.Queue()
 
     @property
@@ -165,10 +164,17 @@ class RealtimeReply:
         self.samples += len(pcm)
         self._queue.put_nowait(pcm)
 
+    def follow(self, on_text: Callable[[str], None]) -> None:
+        """Give each piece of the transcript to ``on_text`` as it comes, starting with what came
+        already (a response the service started can speak before its turn is taken up)."""
+        self._on_text = on_text
+        if self.transcript:
+            on_text(self.transcript)
+
     def text(self, delta: str) -> None:
         self.transcript += delta
-        if self.on_text is not None:
-            self.on_text(delta)
+        if self._on_text is not None:
+            self._on_text(delta)
 
     def finish(self, status: str) -> None:
         if self.status is None:
