@@ -21,13 +21,21 @@ from typing import Any
 import aiohttp
 import av
 import numpy as np
-from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aioice import Candidate
+from aiortc import (
+    RTCIceServer,
+    RTCIceTransportPolicy,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCConfiguration
 
 from rtc_server.aiortc_compat import (
     negotiated_codec,
     restrict_host_addresses,
+    selected_candidate_pair,
     stop_decoding,
     wrap_rtp_handler,
 )
@@ -47,6 +55,22 @@ async def make_offer(*, audio: bool = True, video: bool = True) -> str:
         return str(pc.localDescription.sdp)
     finally:
         await pc.close()
+
+
+async def fetch_ice_servers(url: str, headers: dict[str, str] | None = None) -> list[RTCIceServer]:
+    """The ICE servers the server at ``url`` hands its callers (``GET /ice-servers``), TURN
+    credentials included, as aiortc takes them."""
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async with http.get(url + "/ice-servers") as resp:
+            body = await resp.json()
+            if resp.status != 200:
+                raise RuntimeError(f"/ice-servers refused ({resp.status}): {body}")
+    return [
+        RTCIceServer(
+            urls=entry["urls"], username=entry.get("username"), credential=entry.get("credential")
+        )
+        for entry in body["iceServers"]
+    ]
 
 
 @dataclass
@@ -71,15 +95,23 @@ class CallClient:
         ice_address: str | None = "127.0.0.1",
         headers: dict[str, str] | None = None,
         visemes: bool = False,
+        ice_servers: Sequence[RTCIceServer] | None = None,
+        relay_only: bool = False,
     ) -> None:
         """``headers`` go with every HTTP request of the call (a token, a proxy's headers);
-        ``visemes`` asks for the viseme stream in both forms (JSON events, binary channel)."""
+        ``visemes`` asks for the viseme stream in both forms (JSON events, binary channel).
+        ``ice_servers``: STUN/TURN servers (none by default; aiortc uses the first TURN URL
+        only); ``relay_only`` gathers relay candidates alone (``iceTransportPolicy: "relay"``),
+        so every packet of the call goes through that TURN server."""
         # Benchmarks and tests keep every packet on loopback; aioice skips it unless told.
         if ice_address is not None:
             restrict_host_addresses([ice_address])
         self.url = url
         self.headers = dict(headers or {})
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
+        self.pc = RTCPeerConnection(
+            RTCConfiguration(iceServers=list(ice_servers or []), iceTransportPolicy=policy)
+        )
         self.microphone = microphone or AudioStreamTrack()
         self.session_id = ""
         self.resume_credential = ""
@@ -242,6 +274,11 @@ class CallClient:
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
         self.session_id = answer["session_id"]
         return self.session_id
+
+    def selected_pair(self) -> tuple[Candidate, Candidate] | None:
+        """(local, remote) candidates of the pair ICE nominated (None before one is); every
+        stream and the data channel share it (BUNDLE)."""
+        return selected_candidate_pair(self.channel.transport.transport.transport)
 
     def video_codec(self) -> str | None:
         for t in self.pc.getTransceivers():

@@ -6,6 +6,7 @@ not a call in the middle. ``tests/test_media_units.py`` pins that they still beh
 
 What is changed per peer connection, sender or receiver: the reply's encoder and its encoded
 frames, the microphone's jitter buffer, the benchmarks' packet timing and undecoded video.
+What is read: the candidate pair ICE nominated (:func:`selected_candidate_pair`).
 What is process-wide, because aioice has no per-connection hook: the host addresses ICE
 gathers (:func:`restrict_host_addresses`), and aiortc's audio-level function
 (:func:`use_fast_audio_level`, the same result, faster).
@@ -24,7 +25,15 @@ from typing import Any
 import aioice.ice
 import av
 import numpy as np
-from aiortc import RTCRtpCodecParameters, RTCRtpReceiver, RTCRtpSender, RTCRtpTransceiver, rtp
+from aioice import Candidate
+from aiortc import (
+    RTCIceTransport,
+    RTCRtpCodecParameters,
+    RTCRtpReceiver,
+    RTCRtpSender,
+    RTCRtpTransceiver,
+    rtp,
+)
 from aiortc.codecs import get_decoder
 from aiortc.codecs.base import Encoder
 from aiortc.jitterbuffer import JitterBuffer
@@ -257,3 +266,12 @@ def stop_decoding(receiver: RTCRtpReceiver) -> None:
     ``receive()`` has run, e.g. from a ``wrap_rtp_handler`` wrapper on the first packet.
     """
     receiver._handle_disconnect()
+
+
+def selected_candidate_pair(transport: RTCIceTransport) -> tuple[Candidate, Candidate] | None:
+    """The (local, remote) candidates of the pair ICE nominated on ``transport`` for its RTP
+    component (None before one is): what a browser's stats call the selected pair. aiortc's
+    ``getStats()`` has no candidate-pair entries; aioice keeps the nominated pairs privately.
+    """
+    pair = transport._connection._nominated.get(1)
+    return None if pair is None else (pair.local_candidate, pair.remote_candidate)

@@ -9,21 +9,18 @@ peer address, allowed or denied.
 from __future__ import annotations
 
 import ipaddress
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aioice import stun
-from aioice.turn import TCP_TRANSPORT, UDP_TRANSPORT, make_integrity_key
+from aioice.turn import TCP_TRANSPORT
 
 from rtc_server.ice import turn_rest_credentials
+from tests.coturn import TurnClient, running_coturn
 
 CONF = Path(__file__).resolve().parents[1] / "deploy" / "turnserver.conf"
-TURNSERVER = shutil.which("turnserver") or "/usr/bin/turnserver"
 SECRET = "relay-test-secret-0123456789abcdef"
 
 PRIVATE = [
@@ -107,112 +104,14 @@ def test_the_config_relays_udp_only_with_quotas() -> None:
 # -- a real coturn --------------------------------------------------------------------------
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class TurnClient:
-    """The few TURN requests the test needs (RFC 8656), over UDP to 127.0.0.1."""
-
-    def __init__(self, port: int, username: str, password: str) -> None:
-        self.server = ("127.0.0.1", port)
-        self.username, self.password = username, password
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.settimeout(2.0)
-        self.key: bytes | None = None
-        self.realm, self.nonce = "", b""
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def request(self, method: stun.Method, attributes: dict[str, object]) -> stun.Message:
-        """One request, authenticated once the server named its realm; the response."""
-        for _ in range(2):
-            message = stun.Message(method, stun.Class.REQUEST, attributes=dict(attributes))
-            if self.key is not None:
-                message.attributes.update(
-                    {"USERNAME": self.username, "REALM": self.realm, "NONCE": self.nonce}
-                )
-                message.add_message_integrity(self.key)
-            self.sock.sendto(bytes(message), self.server)
-            response = stun.parse_message(self.sock.recv(4096))
-            assert response.transaction_id == message.transaction_id
-            if response.error_code in (401, 438) and "NONCE" in response.attributes:
-                self.nonce = response.attributes["NONCE"]  # bytes, as aioice packs it
-                self.realm = response.attributes.get("REALM", self.realm)
-                self.key = make_integrity_key(self.username, self.realm, self.password)
-                continue
-            return response
-        return response
-
-    def allocate(self, transport: int = UDP_TRANSPORT) -> stun.Message:
-        return self.request(
-            stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": transport, "LIFETIME": 60}
-        )
-
-    def permit(self, peer: str) -> int | None:
-        """CreatePermission for ``peer``: None when granted, else the error code. Nothing is
-        sent to the peer either way."""
-        response = self.request(stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": (peer, 9)})
-        return response.error_code if response.message_class == stun.Class.ERROR else None
-
-
 @pytest.fixture
 def coturn(tmp_path: Path) -> Iterator[int]:
     """The shipped config, on 127.0.0.1. Loopback is one range of its deny list; so that one
     loopback address can show what an allowed peer gets, the test allows loopback peers in
     general and 127.0.0.2 alone past the deny list."""
-    if not Path(TURNSERVER).is_file():
-        pytest.skip(f"{TURNSERVER} is missing (Debian package 'coturn'; `make test` installs it)")
-    port = _free_udp_port()
-    process = subprocess.Popen(
-        [
-            TURNSERVER,
-            "-c",
-            str(CONF),
-            "--listening-ip=127.0.0.1",
-            "--relay-ip=127.0.0.1",
-            f"--listening-port={port}",
-            f"--static-auth-secret={SECRET}",
-            "--allow-loopback-peers",
-            "--allowed-peer-ip=127.0.0.2",
-            "--no-tls",
-            "--no-dtls",
-            "--log-file=stdout",
-            "--simple-log",
-            f"--pidfile={tmp_path / 'turnserver.pid'}",
-            f"--userdb={tmp_path / 'turndb'}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        username, password = turn_rest_credentials(SECRET, "probe", 600)
-        deadline = time.monotonic() + 20
-        while True:  # up once it answers an allocation
-            client = TurnClient(port, username, password)
-            try:
-                client.allocate()
-                break
-            except (TimeoutError, ConnectionRefusedError):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    process.kill()
-                    output = process.communicate()[0]
-                    pytest.fail(f"coturn did not come up:\n{output[-3000:]}")
-                time.sleep(0.2)
-            finally:
-                client.close()
-        yield port
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    options = ["--allow-loopback-peers", "--allowed-peer-ip=127.0.0.2"]
+    with running_coturn(CONF, tmp_path, SECRET, options) as server:
+        yield server.port
 
 
 def test_a_real_coturn_relays_to_no_private_peer_and_over_no_tcp(coturn: int) -> None:
