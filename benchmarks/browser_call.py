@@ -24,6 +24,7 @@ from benchmarks.browser import (
     page_now,
     say_from_page,
     start_call,
+    video_motion,
     wait_for_audio_buffer_to_settle,
     wait_for_sender_reports,
     wait_for_state,
@@ -148,3 +149,90 @@ async def _measure_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]
 
 def run_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]:
     return asyncio.run(_measure_sync(seconds, video_delay_ms))
+
+
+async def _measure_first_seconds(
+    calls: int, seconds: int, sender_reports: tuple[str, ...]
+) -> dict[str, Any]:
+    """Fresh calls with the sync-test engine, the offset measured in Chromium second by second
+    from the first frame played (one flash and beep a second): how soon its lip-sync holds."""
+    from benchmarks.sync import sync_test_factory
+
+    missing = chromium_missing()
+    if missing:
+        raise RuntimeError(missing)
+    # One server per way of stamping the sender reports; the calls take turns between them.
+    servers = [await _server(sync_test_factory(), sender_reports=m) for m in sender_reports]
+    per_call: list[dict[str, Any]] = []
+    try:
+        for n in range(calls * len(servers)):
+            mode = sender_reports[n % len(servers)]
+            url = servers[n % len(servers)][0]
+            with tempfile.TemporaryDirectory() as profile:
+                async with chromium_page(Path(profile), bypass_csp=True) as page:
+                    await page.goto(with_test_hooks(f"{url}/"))
+                    clicked = await page_now(page)
+                    await start_call(page, f"{url}/", navigate=False)
+                    # From the first frame played (the probe needs the call), for as long.
+                    await install_sync_probe(page, (0, 0, 512, 512))
+                    playing = await page_now(page)
+                    await asyncio.sleep(seconds + 0.5)
+                    stats = await call_stats(page)
+                    probe = await collect_sync_probe(page)
+                    await page.evaluate("() => window.avatarCall.stop()")  # hung up, not lost
+            windows = [(f - 450.0, f + 450.0) for f in _flashes(probe, playing, seconds)]
+            report = measure_sync(probe, stats, windows)
+            offsets = [
+                {
+                    "second": round((windows[i][0] + 450.0 - playing) / 1000.0, 2),
+                    "offset_ms": -w.estimate.offset_ms,
+                    "wire_offset_ms": -w.wire_ms,
+                    "correlation": w.estimate.peak,
+                    "frames": w.estimate.frames,
+                }
+                for i, w in enumerate(report.segments)
+            ]
+            per_call.append(
+                {"sender_reports": mode, "first_frame_ms": playing - clicked, "seconds": offsets}
+            )
+            shown = " ".join(f"{o['offset_ms']:+.0f}" for o in offsets)
+            progress(f"call {n + 1} ({mode}): {shown} ms")
+    finally:
+        for _, runner, _ in servers:
+            await runner.cleanup()
+    return {"calls": calls, "seconds": seconds, "per_call": per_call}
+
+
+def _flashes(probe: Any, start_ms: float, seconds: int) -> list[float]:
+    """When the sync-test engine's flashes were shown in the first ``seconds`` from
+    ``start_ms`` (page ms): the frames whose change stands out, one a second at most."""
+    shown_ms, motion = video_motion(probe)
+    inside = (shown_ms >= start_ms + 450) & (shown_ms <= start_ms + seconds * 1000.0)
+    if not inside.any():
+        return []
+    level = 0.5 * float(motion[inside].max())
+    found: list[float] = []
+    for t, m in zip(shown_ms[inside], motion[inside], strict=True):
+        if m >= level and (not found or t - found[-1] > 600):
+            found.append(float(t))
+    return found
+
+
+def run_first_seconds(
+    calls: int, seconds: int, sender_reports: tuple[str, ...] = ("media",)
+) -> dict[str, Any]:
+    """``calls`` per way of stamping sender reports (``MediaSettings.sender_reports``)."""
+    return asyncio.run(_measure_first_seconds(calls, seconds, sender_reports))
+
+
+def first_seconds_table(f: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Headers and rows of ``bench sync --browser --fresh-calls``: a call a row."""
+    width = max((len(c["seconds"]) for c in f["per_call"]), default=0)
+    rows = [
+        [n + 1, c["sender_reports"], c["first_frame_ms"]]
+        + [o["offset_ms"] for o in c["seconds"]]
+        + [float("nan")] * (width - len(c["seconds"]))
+        for n, c in enumerate(f["per_call"])
+    ]
+    flashes = [f"flash {i + 1}" for i in range(width)]
+    return ["call", "reports", "first frame ms", *flashes], rows

@@ -290,6 +290,15 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         # The avatar itself: mouth motion against the audio envelope's change, per say.
         settings, r = _call(argparse.Namespace(says=args.says, url=args.url))
         return {**settings, "lipsync": True}, r
+    if args.browser and args.fresh_calls:
+        from benchmarks import browser_call
+
+        modes = ("sent", "media") if args.compare_sender_reports else ("media",)
+        f = browser_call.run_first_seconds(args.fresh_calls, round(args.seconds), modes)
+        print("offset in Chromium at each flash from the first frame (ms, + = video later)")
+        print(table(*browser_call.first_seconds_table(f)))
+        settings = {"seconds": args.seconds, "browser": True, "fresh_calls": args.fresh_calls}
+        return {**settings, "sender_reports": list(modes)}, f
     if args.browser:
         from benchmarks import browser_call
 
@@ -308,7 +317,7 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     o = r["offset_ms"]
     print(
         table(
-            ["injected video delay ms", "flashes", "offset ms p50", "p95", "min", "max"],
+            ["injected video delay ms", "flashes", "offset ms p50", "p95", "min", "max", "by SR"],
             [
                 [
                     r["injected_video_delay_ms"],
@@ -317,6 +326,7 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                     o.get("p95", float("nan")),
                     min(r["offsets_ms"] or [float("nan")]),
                     o.get("max", float("nan")),
+                    r["reported_offset_ms"].get("p50", float("nan")),
                 ]
             ],
         )
@@ -483,6 +493,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure the avatar's lip-sync by cross-correlation instead (as bench call)",
     )
     syn.add_argument("--says", type=int, default=5, help="with --lipsync")
+    syn.add_argument(
+        "--fresh-calls",
+        type=int,
+        default=0,
+        help="with --browser: this many new calls, the offset of each of their first --seconds",
+    )
+    syn.add_argument(
+        "--compare-sender-reports",
+        action="store_true",
+        help="with --fresh-calls: as many calls again with aiortc's own sender reports",
+    )
     syn.add_argument(
         "--browser",
         action="store_true",

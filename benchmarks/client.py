@@ -37,6 +37,7 @@ from rtc_server.aiortc_compat import (
     restrict_host_addresses,
     selected_candidate_pair,
     stop_decoding,
+    wrap_rtcp_handler,
     wrap_rtp_handler,
 )
 
@@ -123,6 +124,8 @@ class CallClient:
         """False: video is received and decoded but not converted or kept."""
         self.decode_video = decode_video
         """False: video frames are counted by RTP arrival and never decoded (``bench load``)."""
+        self.sender_reports: list[tuple[str, float, int, int]] = []
+        """(kind, arrival, NTP timestamp, RTP timestamp) of each RTCP sender report received."""
         self._last_video_ts: int | None = None
         self._arrivals: dict[tuple[str, int], float] = {}
         self._origins: dict[str, int] = {}
@@ -157,9 +160,28 @@ class CallClient:
         """When the audio packet of RTP timestamp ``rtp`` arrived (None: it did not)."""
         return self._arrivals.get(("audio", rtp))
 
+    def reported_time(self, kind: str, rtp: int, clock_rate: int) -> float | None:
+        """When the sender says RTP time ``rtp`` of ``kind`` was (its last sender report's
+        mapping, in NTP seconds); None before a report came."""
+        last = [(ntp, ts) for k, _, ntp, ts in self.sender_reports if k == kind]
+        if not last:
+            return None
+        ntp, ts = last[-1]
+        ahead = ((rtp - ts + 2**31) % 2**32) - 2**31
+        return ntp / 2**32 + ahead / clock_rate
+
     def audio_rtp(self, pts: int) -> int:
         """The RTP timestamp of a received audio frame's ``pts``."""
-        return (self._origins.get("audio", 0) + pts) & 0xFFFFFFFF
+        return self.rtp_of("audio", pts)
+
+    def first_arrival(self, kind: str) -> float | None:
+        """When the first packet of ``kind`` arrived (None: none did)."""
+        origin = self._origins.get(kind)
+        return None if origin is None else self._arrivals.get((kind, origin))
+
+    def rtp_of(self, kind: str, pts: int) -> int:
+        """The RTP timestamp of a received ``kind`` frame's ``pts``."""
+        return (self._origins.get(kind, 0) + pts) & 0xFFFFFFFF
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "video" and not self.decode_video:
@@ -196,12 +218,23 @@ class CallClient:
                 wrap_rtp_handler(receiver, functools.partial(self._counted, receiver))
             else:
                 wrap_rtp_handler(receiver, functools.partial(self._timed, kind))
+            wrap_rtcp_handler(receiver, functools.partial(self._reports, kind))
 
     def _timed(self, kind: str, handler: Any) -> Any:
         async def handle(packet: Any, arrival_time_ms: int) -> None:
             self._origins.setdefault(kind, packet.timestamp)
             self._arrivals.setdefault((kind, packet.timestamp), time.monotonic())
             await handler(packet, arrival_time_ms)
+
+        return handle
+
+    def _reports(self, kind: str, handler: Any) -> Any:
+        async def handle(packet: Any) -> None:
+            info = getattr(packet, "sender_info", None)
+            if info is not None:
+                report = (kind, time.monotonic(), info.ntp_timestamp, info.rtp_timestamp)
+                self.sender_reports.append(report)
+            await handler(packet)
 
         return handle
 

@@ -87,6 +87,14 @@ def plot(bench: str, results: Any, path: Path) -> None:
         ax.bar(range(1, len(results["lipsync"]) + 1), [s["offset_ms"] for s in results["lipsync"]])
         ax.set_xlabel("say")
         ax.set_ylabel("offset (ms)")
+    elif bench == "sync" and "per_call" in results:
+        fig, (ax,) = _figure("A/V offset in Chromium, the first seconds of fresh calls")
+        for n, call in enumerate(results["per_call"]):
+            seconds = [o["second"] for o in call["seconds"]]
+            ax.plot(seconds, [o["offset_ms"] for o in call["seconds"]], "o-", label=f"call {n + 1}")
+        ax.set_xlabel("second from the first frame")
+        ax.set_ylabel("ms, + = video later")
+        ax.legend()
     elif bench == "sync" and "offsets_ms" not in results:
         fig, (ax,) = _figure("A/V offset in Chromium (sync-test engine)")
         ax.bar(["injected", "measured"], [results["injected_video_delay_ms"], results["offset_ms"]])

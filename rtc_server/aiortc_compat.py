@@ -6,7 +6,8 @@ not a call in the middle. ``tests/test_media_units.py`` pins that they still beh
 
 What is changed per peer connection, sender or receiver: the reply's encoder and its encoded
 frames, the microphone's jitter buffer, the benchmarks' packet timing and undecoded video.
-What is read: the candidate pair ICE nominated (:func:`selected_candidate_pair`).
+What is read: the candidate pair ICE nominated (:func:`selected_candidate_pair`). What is
+rewritten: the sender reports' NTP times, from the call's clock (:func:`stamp_sender_reports`).
 What is process-wide, because aioice has no per-connection hook: the host addresses ICE
 gathers (:func:`restrict_host_addresses`), and aiortc's audio-level function
 (:func:`use_fast_audio_level`, the same result, faster).
@@ -18,6 +19,7 @@ import ipaddress
 import logging
 import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import version
 from typing import Any
@@ -209,6 +211,77 @@ def send_encoded_audio(
     sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]
 
 
+NTP_EPOCH_OFFSET_S = 2_208_988_800
+"""Seconds from 1900 (NTP's epoch) to 1970 (Unix's)."""
+
+
+def ntp_timestamp(unix_s: float) -> int:
+    """A 64-bit NTP timestamp (32.32 fixed point) of a Unix time."""
+    return round((unix_s + NTP_EPOCH_OFFSET_S) * (1 << 32)) & 0xFFFFFFFFFFFFFFFF
+
+
+def stamp_sender_reports(
+    sender: RTCRtpSender, clock_rate: int, wall_time_of: Callable[[float], float]
+) -> None:
+    """Have ``sender``'s RTCP sender reports map RTP time to the media instant it belongs to.
+
+    aiortc stamps a sender report with the wall-clock time its last packet left, so a frame that
+    went out late (an encode that took long, a busy loop at the start of a call) makes the
+    receiver believe that media instant was captured later; a browser that syncs audio to video
+    by those reports then plays them apart, and its lip-sync moves only slowly back. Here the
+    report's NTP time is ``wall_time_of(media seconds)`` for the RTP time it carries: give both
+    tracks of a call the same mapping (their session clock's), and they are in step on the
+    receiver whatever the lateness of either. The RTP time of media time 0 is read back from the
+    first packet sent (aiortc adds a random origin it keeps to itself), and a first report goes
+    out then, not 0.5-1.5 s later as aiortc's loop would: a receiver can line the streams up from
+    the first second. Each report's LSR is remembered as sent, so round-trip times from the
+    receiver's reports still count.
+    """
+    origin: list[int] = []
+    given: list[int] = []
+    next_frame = sender._next_encoded_frame
+    send_rtcp = sender._send_rtcp
+
+    async def next_encoded_frame(codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
+        if not origin and given and sender._RTCRtpSender__packet_count > 0:  # type: ignore[attr-defined]
+            # The loop that called us sent the frame it had from us last before asking again.
+            sent = sender._RTCRtpSender__rtp_timestamp  # type: ignore[attr-defined]
+            origin.append((sent - given[0]) & 0xFFFFFFFF)
+            # A first report now, not 0.5-1.5 s on: a receiver lines the streams up from it.
+            await send_reports([_first_report(sender, sent)])
+        frame = await next_frame(codec)
+        if frame is not None and not origin:
+            given[:] = [frame.timestamp]
+        return frame
+
+    async def send_reports(packets: list[Any]) -> None:
+        if origin:
+            for packet in packets:
+                if isinstance(packet, rtp.RtcpSrPacket):
+                    info = packet.sender_info
+                    media_s = ((info.rtp_timestamp - origin[0]) & 0xFFFFFFFF) / clock_rate
+                    info.ntp_timestamp = ntp_timestamp(wall_time_of(media_s))
+                    sender._RTCRtpSender__lsr = (info.ntp_timestamp >> 16) & 0xFFFFFFFF  # type: ignore[attr-defined]
+                    sender._RTCRtpSender__lsr_time = time.time()  # type: ignore[attr-defined]
+        await send_rtcp(packets)
+
+    sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]
+    sender._send_rtcp = send_reports  # type: ignore[method-assign]
+
+
+def _first_report(sender: RTCRtpSender, rtp_timestamp: int) -> Any:
+    """A sender report as aiortc's RTCP loop makes one, for the packets sent so far."""
+    return rtp.RtcpSrPacket(
+        ssrc=sender._ssrc,
+        sender_info=rtp.RtcpSenderInfo(
+            ntp_timestamp=0,  # stamped from the call's clock on the way out
+            rtp_timestamp=rtp_timestamp,
+            packet_count=sender._RTCRtpSender__packet_count & 0xFFFFFFFF,  # type: ignore[attr-defined]
+            octet_count=sender._RTCRtpSender__octet_count & 0xFFFFFFFF,  # type: ignore[attr-defined]
+        ),
+    )
+
+
 def use_fast_audio_level() -> None:
     """Have every aiortc sender of this process compute audio levels with numpy."""
     rtp.compute_audio_level_dbov = audio_level_dbov
@@ -241,6 +314,8 @@ def restrict_host_addresses(addresses: Sequence[str]) -> None:
 
 RtpHandler = Callable[[Any, int], Awaitable[None]]
 """``async handler(packet, arrival_time_ms)``: how aiortc hands a receiver an RTP packet."""
+RtcpHandler = Callable[[Any], Awaitable[None]]
+"""``async handler(packet)``: how aiortc hands a receiver an RTCP packet."""
 
 
 def wrap_rtp_handler(receiver: RTCRtpReceiver, wrap: Callable[[RtpHandler], RtpHandler]) -> None:
@@ -252,6 +327,13 @@ def wrap_rtp_handler(receiver: RTCRtpReceiver, wrap: Callable[[RtpHandler], RtpH
     The wrapper should await the handler it was given, or aiortc never sees the packet.
     """
     receiver._handle_rtp_packet = wrap(receiver._handle_rtp_packet)  # type: ignore[method-assign,assignment]
+
+
+def wrap_rtcp_handler(receiver: RTCRtpReceiver, wrap: Callable[[RtcpHandler], RtcpHandler]) -> None:
+    """Put ``wrap(aiortc's handler)`` in front of every RTCP packet ``receiver`` gets (the
+    benchmarks read the sender reports; aiortc has no public hook for them). The wrapper should
+    await the handler it was given."""
+    receiver._handle_rtcp_packet = wrap(receiver._handle_rtcp_packet)  # type: ignore[method-assign,assignment]
 
 
 def stop_decoding(receiver: RTCRtpReceiver) -> None:

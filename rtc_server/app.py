@@ -19,6 +19,7 @@ from rtc_server.aiortc_compat import (
     restrict_host_addresses,
     send_encoded_audio,
     set_sender_encoder,
+    stamp_sender_reports,
     use_fast_audio_level,
 )
 from rtc_server.config import ServerConfig
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 logger = logging.getLogger(__name__)
+
+RTP_CLOCK_RATES = {"audio/opus": 48_000, "video/H264": 90_000, "video/VP8": 90_000}
+"""RTP clock rates of the codecs a call sends, for its sender reports."""
 
 
 class SessionManager:
@@ -238,6 +242,10 @@ class SessionManager:
                         session.audio_track.recv_encoded,
                         on_rtp_origin=session.visemes.set_rtp_origin,
                     )
+                rate = RTP_CLOCK_RATES.get(negotiated_codec(transceiver) or "")
+                if self.config.media.sender_reports == "media" and rate is not None:
+                    # Both tracks' reports from the call's clock: in step on the receiver.
+                    stamp_sender_reports(transceiver.sender, rate, session.wall_time_of)
             negotiated = negotiated_codec(video)
             if negotiated == "video/H264":
                 set_sender_encoder(

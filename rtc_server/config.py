@@ -236,6 +236,10 @@ class MediaSettings:
     still_repeat_s: float = 0.25
     """While the avatar is idle and its picture does not change, a video frame goes out only
     this often (0: every frame, 25 fps always)."""
+    sender_reports: str = "media"
+    """What the RTCP sender reports map RTP time to: "media", the call's clock (both tracks in
+    step however late either packet went out); "sent", aiortc's own, the time each last packet
+    left (kept for measuring the difference: ``bench sync --browser --fresh-calls``)."""
 
     def __post_init__(self) -> None:
         if bool(self.turn_secret) != bool(self.turn_urls):
@@ -247,6 +251,8 @@ class MediaSettings:
         for url in self.turn_urls:
             if not url.startswith(("turn:", "turns:")) or "@" in url:
                 raise ConfigError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
+        if self.sender_reports not in ("media", "sent"):
+            raise ConfigError(f"sender_reports must be media or sent, not {self.sender_reports!r}")
         if not 60 <= self.turn_ttl_s <= 7 * 86400:
             raise ConfigError("turn_ttl_s must be 60 s .. 7 days")
         if self.public_address is not None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -76,6 +77,7 @@ class AvatarSession:
         self.providers = providers
         self.metrics = metrics
         self.clock = MonotonicClock()
+        self._wall_minus_monotonic = time.time() - time.monotonic()
         self.scheduler = AVScheduler(
             engine,
             self.clock,
@@ -134,6 +136,10 @@ class AvatarSession:
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", lambda: self._on_connection_state(pc))
+
+    def wall_time_of(self, media_s: float) -> float:
+        """The Unix time of the call's media instant ``media_s`` (for its sender reports)."""
+        return self._wall_minus_monotonic + self.clock.to_monotonic(media_s)
 
     @property
     def state(self) -> CallState:
