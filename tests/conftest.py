@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from benchmarks.vendor_standin import OPENAI_KEY, VendorServer
 from rtc_server.app import MANAGER, SessionManager, create_app
 from rtc_server.config import ServerConfig
 from rtc_server.engine_factory import EngineFactory, load_engine_factory
+from rtc_server.session import PEER_SILENCE_S
 from tests.waiting import wait_until
 
 # Servers the tests start (`avatar-rtc serve` subprocesses) are single processes, as before
@@ -77,5 +79,36 @@ async def live_server(engine_factory: EngineFactory, cache_dir: Path) -> AsyncIt
     server, runner = await start_server(engine_factory, cache_dir)
     try:
         yield server
+    finally:
+        await runner.cleanup()
+
+
+RESUME_GRACE_S = PEER_SILENCE_S + 5.0
+"""The grace of ``resumable_server``: a lost call is noticed after PEER_SILENCE_S (15 s); then
+5 s are left to resume it."""
+
+
+@pytest.fixture
+async def chat_vendor() -> AsyncIterator[VendorServer]:
+    """The OpenAI stand-in as the LLM: it records every chat request, history included."""
+    async with VendorServer(reply_deltas=["Nice to ", "meet you."], speech_seconds=0.3) as v:
+        yield v
+
+
+@pytest.fixture
+async def resumable_server(
+    engine_factory: EngineFactory, cache_dir: Path, chat_vendor: VendorServer
+) -> AsyncIterator[LiveServer]:
+    """The server with ``chat_vendor`` as its LLM and calls resumable for RESUME_GRACE_S."""
+    live, runner = await start_server(
+        engine_factory,
+        cache_dir,
+        llm="openai",
+        openai_api_key=OPENAI_KEY,
+        openai_base_url=chat_vendor.openai_base,
+        resume_grace_s=RESUME_GRACE_S,
+    )
+    try:
+        yield live
     finally:
         await runner.cleanup()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,13 @@ import pytest
 from playwright.async_api import Page, Route, expect
 
 from benchmarks.browser import chromium_missing, chromium_page, start_call
-from benchmarks.vendor_standin import CHAT, OPENAI_KEY, VendorServer
-from rtc_server.engine_factory import EngineFactory
-from rtc_server.session import PEER_SILENCE_S
-from tests.conftest import LiveServer, start_server
+from benchmarks.vendor_standin import CHAT, VendorServer
+from tests.conftest import RESUME_GRACE_S, LiveServer
 from tests.netrelay import NetRelay
 from tests.waiting import wait_until
 
 needs_chromium = pytest.mark.skipif(chromium_missing() is not None, reason=chromium_missing() or "")
 
-GRACE_S = PEER_SILENCE_S + 10.0
 
 RECORD_EVENTS_JS = """() => {
   window.callEvents = [];
@@ -33,30 +29,6 @@ RECORD_EVENTS_JS = """() => {
     window.avatarCall.addEventListener(type, (e) => window.callEvents.push({type, ...e.detail}));
   }
 }"""
-
-
-@pytest.fixture
-async def vendor() -> AsyncIterator[VendorServer]:
-    async with VendorServer(reply_deltas=["Nice to ", "meet you."], speech_seconds=0.3) as v:
-        yield v
-
-
-@pytest.fixture
-async def server(
-    engine_factory: EngineFactory, cache_dir: Path, vendor: VendorServer
-) -> AsyncIterator[LiveServer]:
-    live, runner = await start_server(
-        engine_factory,
-        cache_dir,
-        llm="openai",
-        openai_api_key=OPENAI_KEY,
-        openai_base_url=vendor.openai_base,
-        resume_grace_s=GRACE_S,
-    )
-    try:
-        yield live
-    finally:
-        await runner.cleanup()
 
 
 def through(relay: NetRelay) -> Any:
@@ -93,13 +65,13 @@ async def call_events(page: Page) -> list[dict[str, Any]]:
 @pytest.mark.browser
 @needs_chromium
 async def test_the_page_resumes_a_lost_call_and_the_conversation_goes_on(
-    server: LiveServer, vendor: VendorServer, tmp_path: Path
+    resumable_server: LiveServer, chat_vendor: VendorServer, tmp_path: Path
 ) -> None:
     relay = NetRelay()
     try:
         async with chromium_page(tmp_path / "profile") as page:
             await page.route("**/offer", through(relay))
-            session_id = await start_call(page, f"{server.url}/")
+            session_id = await start_call(page, f"{resumable_server.url}/")
             await page.evaluate(RECORD_EVENTS_JS)
             await ask(page, "My name is Ada.")
 
@@ -117,14 +89,14 @@ async def test_the_page_resumes_a_lost_call_and_the_conversation_goes_on(
             assert events[0]["type"] == "reconnecting" and events[-1]["type"] == "reconnected"
             assert not any(e["type"] == "closed" for e in events)
             assert await page.evaluate("() => window.avatarCall.sessionId") == session_id
-            assert list(server.manager.sessions) == [session_id]
+            assert list(resumable_server.manager.sessions) == [session_id]
             await page.wait_for_function(
                 "() => window.avatarCall.channel.readyState === 'open'", timeout=10_000
             )
 
             # The conversation goes on: the model hears the earlier turn with the next.
             await ask(page, "What is my name?")
-            said = [(m["role"], m["content"]) for m in vendor.seen(CHAT)[-1].json["messages"]]
+            said = [(m["role"], m["content"]) for m in chat_vendor.seen(CHAT)[-1].json["messages"]]
             assert ("user", "My name is Ada.") in said
             assert said[-1] == ("user", "What is my name?")
             # And the page plays the new connection's media.
@@ -140,7 +112,7 @@ async def test_the_page_resumes_a_lost_call_and_the_conversation_goes_on(
                 timeout=15_000,
             )
             await page.get_by_role("button", name="Stop").click()
-        await wait_until(lambda: not server.manager.sessions, 10, "the call hung up")
+        await wait_until(lambda: not resumable_server.manager.sessions, 10, "the call hung up")
     finally:
         relay.close()
 
@@ -148,7 +120,7 @@ async def test_the_page_resumes_a_lost_call_and_the_conversation_goes_on(
 @pytest.mark.browser
 @needs_chromium
 async def test_a_page_that_cannot_come_back_in_time_finds_the_call_freed(
-    server: LiveServer, tmp_path: Path
+    resumable_server: LiveServer, tmp_path: Path
 ) -> None:
     relay = NetRelay()
     try:
@@ -156,14 +128,14 @@ async def test_a_page_that_cannot_come_back_in_time_finds_the_call_freed(
             await page.route("**/offer", through(relay))
             # The server is out of reach for the page's resume tries too, for now.
             await page.route("**/resume", lambda route: route.abort("internetdisconnected"))
-            session_id = await start_call(page, f"{server.url}/")
+            session_id = await start_call(page, f"{resumable_server.url}/")
             await page.evaluate(RECORD_EVENTS_JS)
             relay.outage(3600)
             cut = time.monotonic()
-            gone = lambda: session_id not in server.manager.sessions  # noqa: E731
-            await wait_until(gone, GRACE_S + 10, "freed")
+            gone = lambda: session_id not in resumable_server.manager.sessions  # noqa: E731
+            await wait_until(gone, RESUME_GRACE_S + 10, "freed")
             freed_after = time.monotonic() - cut
-            assert freed_after >= GRACE_S - 1, freed_after
+            assert freed_after >= RESUME_GRACE_S - 1, freed_after
             tries = [e for e in await call_events(page) if e["type"] == "reconnecting"]
             assert len(tries) >= 3, tries  # it kept trying, backing off
             delays = [e["delayMs"] for e in tries]
@@ -179,6 +151,6 @@ async def test_a_page_that_cannot_come_back_in_time_finds_the_call_freed(
             await expect(page.get_by_role("status")).to_contain_text("Call ended")
             await expect(page.get_by_role("button", name="Start")).to_be_enabled()
             await asyncio.sleep(0.5)
-            assert not server.manager.sessions
+            assert not resumable_server.manager.sessions
     finally:
         relay.close()

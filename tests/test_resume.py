@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -20,39 +18,11 @@ from aiortc import RTCPeerConnection
 
 from benchmarks.analysis import loud_frames
 from benchmarks.client import CallClient
-from benchmarks.vendor_standin import CHAT, OPENAI_KEY, VendorServer
-from rtc_server.engine_factory import EngineFactory
+from benchmarks.vendor_standin import CHAT, VendorServer
 from rtc_server.session import PEER_SILENCE_S
-from tests.conftest import LiveServer, start_server
+from tests.conftest import RESUME_GRACE_S, LiveServer
 from tests.netrelay import NetRelay
 from tests.waiting import wait_until
-
-GRACE_S = PEER_SILENCE_S + 5.0
-"""The session notices the silence after PEER_SILENCE_S; then 5 s are left to resume."""
-
-
-@pytest.fixture
-async def vendor() -> AsyncIterator[VendorServer]:
-    async with VendorServer(reply_deltas=["Nice to ", "meet you."], speech_seconds=0.3) as v:
-        yield v
-
-
-@pytest.fixture
-async def server(
-    engine_factory: EngineFactory, cache_dir: Path, vendor: VendorServer
-) -> AsyncIterator[LiveServer]:
-    live, runner = await start_server(
-        engine_factory,
-        cache_dir,
-        llm="openai",
-        openai_api_key=OPENAI_KEY,
-        openai_base_url=vendor.openai_base,
-        resume_grace_s=GRACE_S,
-    )
-    try:
-        yield live
-    finally:
-        await runner.cleanup()
 
 
 async def _typed_turn(client: CallClient, text: str) -> None:
@@ -62,9 +32,9 @@ async def _typed_turn(client: CallClient, text: str) -> None:
     await client.wait_state("listening", 30)
 
 
-async def _cut_caller(server: LiveServer, relay: NetRelay) -> CallClient:
+async def _cut_caller(resumable_server: LiveServer, relay: NetRelay) -> CallClient:
     """A caller through ``relay``, connected and listening."""
-    client = CallClient(server.url)
+    client = CallClient(resumable_server.url)
     await client.connect(rewrite_offer=relay.rewrite_offer, rewrite_answer=relay.rewrite_answer)
     await client.wait_channel_open()
     await client.wait_state("listening", 10)
@@ -90,10 +60,10 @@ async def _offer_sdp() -> str:
 
 
 async def test_a_lost_call_resumes_with_its_conversation(
-    server: LiveServer, vendor: VendorServer
+    resumable_server: LiveServer, chat_vendor: VendorServer
 ) -> None:
     relay = NetRelay()
-    first = await _cut_caller(server, relay)
+    first = await _cut_caller(resumable_server, relay)
     second: CallClient | None = None
     try:
         session_id = first.session_id
@@ -105,67 +75,69 @@ async def test_a_lost_call_resumes_with_its_conversation(
 
         # A wrong credential, none, and an unknown session are refused, and change nothing.
         offer = {"sdp": await _offer_sdp(), "type": "offer"}
-        resume_url = f"{server.url}/sessions/{session_id}/resume"
+        resume_url = f"{resumable_server.url}/sessions/{session_id}/resume"
         for body, status, code in (
             ({**offer, "resume": "not-it"}, 401, "bad_resume"),
             (offer, 400, "bad_resume"),
             ({**offer, "resume": first.resume_credential, "sdp": "v=0"}, 400, "no_audio"),
         ):
             assert await _post(resume_url, body) == (status, code), body
-        unknown = f"{server.url}/sessions/nosuch/resume"
+        unknown = f"{resumable_server.url}/sessions/nosuch/resume"
         assert await _post(unknown, {**offer, "resume": first.resume_credential}) == (
             404,
             "unknown_session",
         )
-        assert list(server.manager.sessions) == [session_id]
+        assert list(resumable_server.manager.sessions) == [session_id]
 
         # The page's way back: a new peer connection with the credential.
-        second = CallClient(server.url)
+        second = CallClient(resumable_server.url)
         assert await second.connect(resume=(session_id, first.resume_credential)) == session_id
         await second.wait_channel_open()
         await second.wait_state("listening", 10)
-        assert list(server.manager.sessions) == [session_id]
+        assert list(resumable_server.manager.sessions) == [session_id]
         assert second.resume_credential == first.resume_credential
 
         # The conversation goes on: the next question reaches the model with the earlier turn.
         await _typed_turn(second, "What is my name?")
-        messages = vendor.seen(CHAT)[-1].json["messages"]
+        messages = chat_vendor.seen(CHAT)[-1].json["messages"]
         said = [(m["role"], m["content"]) for m in messages]
         assert ("user", "My name is Ada.") in said
         assert ("assistant", "Nice to meet you.") in said
         assert said[-1] == ("user", "What is my name?")
         # And it is heard: reply audio on the new connection.
         assert loud_frames([pcm for _, _, pcm in second.received.audio]).any()
-        registry = server.manager.metrics.registry
+        registry = resumable_server.manager.metrics.registry
         assert registry.get_sample_value("avatar_rtc_calls_resumed_total") == 1
 
         # The old peer, closed now, ends nothing.
         await first.close()
         await asyncio.sleep(1.0)
-        assert list(server.manager.sessions) == [session_id]
+        assert list(resumable_server.manager.sessions) == [session_id]
     finally:
         await first.close()
         if second is not None:
             await second.close()
         relay.close()
-    await wait_until(lambda: not server.manager.sessions, 10, "the resumed call closed")
+    await wait_until(lambda: not resumable_server.manager.sessions, 10, "the resumed call closed")
 
 
-async def test_a_lost_call_not_resumed_in_its_grace_period_is_freed(server: LiveServer) -> None:
+async def test_a_lost_call_not_resumed_in_its_grace_period_is_freed(
+    resumable_server: LiveServer,
+) -> None:
     relay = NetRelay()
-    client = await _cut_caller(server, relay)
+    client = await _cut_caller(resumable_server, relay)
     try:
         session_id, credential = client.session_id, client.resume_credential
         relay.outage(3600)
         cut = time.monotonic()
         # Still resumable after the server noticed the silence...
         await asyncio.sleep(PEER_SILENCE_S + 1)
-        assert session_id in server.manager.sessions
+        assert session_id in resumable_server.manager.sessions
         # ...and freed once the grace period, counted from the cut, has run out.
-        await wait_until(lambda: session_id not in server.manager.sessions, 20, "freed")
+        await wait_until(lambda: session_id not in resumable_server.manager.sessions, 20, "freed")
         freed_after = time.monotonic() - cut
-        assert GRACE_S - 1 <= freed_after, freed_after
-        late = CallClient(server.url)
+        assert RESUME_GRACE_S - 1 <= freed_after, freed_after
+        late = CallClient(resumable_server.url)
         try:
             with pytest.raises(RuntimeError, match="404"):
                 await late.connect(resume=(session_id, credential))
