@@ -19,6 +19,9 @@ export interface CallOptions {
   /** The avatar-rtc server, for a page served from elsewhere (its origin must be allowed by
    * the server's --allowed-origin); default: the page's own origin. */
   baseUrl?: string;
+  /** "relay": everything through the TURN servers of /ice-servers (the caller's addresses never
+   * reach the server); default "all". */
+  iceTransportPolicy?: RTCIceTransportPolicy;
 }
 
 export interface Microphone {

@@ -181,10 +181,16 @@ export class Call extends EventTarget {
    *   frames shape the avatar's mouth (docs/ARCHITECTURE.md, "The viseme stream");
    *   microphone: the deviceId of the microphone to start with (default: the browser's);
    *   baseUrl: the avatar-rtc server, for a page served from elsewhere (its origin must be
-   *   one the server allows, --allowed-origin); default: the page's own origin
+   *   one the server allows, --allowed-origin); default: the page's own origin;
+   *   iceTransportPolicy: "relay" sends everything through the TURN servers of /ice-servers
+   *   (the caller's addresses never reach the server), default "all"
    */
-  constructor(video, { token = null, avatar = null, visemes = false, microphone = null, baseUrl = "" } = {}) {
+  constructor(
+    video,
+    { token = null, avatar = null, visemes = false, microphone = null, baseUrl = "", iceTransportPolicy = "all" } = {},
+  ) {
     super();
+    this.iceTransportPolicy = iceTransportPolicy;
     this.baseUrl = baseUrl ? new URL(baseUrl, location.href).href.replace(/\/+$/, "") : "";
     this.video = video;
     this.auth = token ? { Authorization: `Bearer ${token}` } : {};
@@ -251,7 +257,7 @@ export class Call extends EventTarget {
 
   /** One peer connection for the call: offered to `route` with `extra` in the body. */
   async connect(route, extra) {
-    const pc = new RTCPeerConnection({ iceServers: this.iceServers });
+    const pc = new RTCPeerConnection({ iceServers: this.iceServers, iceTransportPolicy: this.iceTransportPolicy });
     this.pc = pc;
     this.remote = new MediaStream();
     if (this.microphone) {

@@ -14,6 +14,8 @@ const METER_GAIN = 4;
 const { token: TOKEN, queryToken: QUERY_TOKEN } = takeUrlToken();
 const QUERY_TOKEN_NOTE = "The call token goes in the link's fragment (#token=...), not its query (?token=...).";
 const TEST_HOOKS = new URLSearchParams(location.search).has("testHooks");
+// ?relay: the call goes through the TURN servers only (checks a TURN deployment end to end).
+const RELAY_ONLY = new URLSearchParams(location.search).has("relay");
 
 const $ = (id) => document.getElementById(id);
 
@@ -175,7 +177,7 @@ async function startCall() {
   }
   setInCall(true);
   setStatus("Connecting…");
-  const current = new Call(ui.video, { token: TOKEN });
+  const current = new Call(ui.video, { token: TOKEN, iceTransportPolicy: RELAY_ONLY ? "relay" : "all" });
   call = current;
   replying = false;
   if (TEST_HOOKS) window.avatarCall = current;

@@ -5,6 +5,7 @@ The server mints the TURN credentials (coturn's shared-secret scheme) and hands 
 (``iceTransportPolicy: "relay"``), reaching coturn over UDP or over TCP, so every packet of its
 call goes through the relay. Each relayed call must do what a direct call in the same run
 does: the reply spoken in full, video at a steady pace, the mouth in sync with the audio.
+Chromium makes the same calls from the call page with ``?relay``, over UDP and over TCP.
 
 coturn runs with a config of this test's own: the shipped ``deploy/turnserver.conf`` denies
 loopback peers on purpose (``tests/test_turn_relay.py``), and here the avatar server is one.
@@ -226,3 +227,73 @@ async def _ended_allocations(
         if time.monotonic() > deadline:
             raise AssertionError(f"coturn still holds {allocations}:\n{coturn.log_text()[-3000:]}")
         await asyncio.sleep(0.5)
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+async def test_chromium_calls_through_the_relay_only(
+    relay_server: LiveServer, coturn: Coturn, tmp_path: Path, transport: str
+) -> None:
+    """The call page with ``?relay``: Chromium gathers relay candidates only, the pair it
+    selects is a relay over the transport asked for, coturn carries the call, and the reply
+    plays. The page's TURN URLs are cut to one transport on their way (a network that lets
+    only that one through)."""
+    from playwright.async_api import Route
+
+    from benchmarks.browser import chromium_missing, chromium_page, say_from_page, start_call
+
+    if chromium_missing():
+        pytest.skip(chromium_missing() or "")
+
+    async def one_transport(route: Route) -> None:
+        response = await route.fetch()
+        body = await response.json()
+        for server in body["iceServers"]:
+            server["urls"] = [u for u in server["urls"] if u.endswith(f"?transport={transport}")]
+        await route.fulfill(response=response, json=body)
+
+    async with chromium_page(tmp_path / "profile") as page:
+        await page.route("**/ice-servers", one_transport)
+        session_id = await start_call(page, f"{relay_server.url}/?relay")
+        assert session_id in relay_server.manager.sessions
+        username = await page.evaluate("() => window.avatarCall.iceServers[0].username")
+        pair = await page.evaluate(
+            """async () => {
+                const report = await window.avatarCall.pc.getStats();
+                let selected = null;
+                report.forEach((s) => {
+                    if (s.type === "transport" && s.selectedCandidatePairId) {
+                        selected = report.get(s.selectedCandidatePairId);
+                    }
+                });
+                const local = selected && report.get(selected.localCandidateId);
+                return local ? { type: local.candidateType, protocol: local.relayProtocol } : null;
+            }"""
+        )
+        assert pair is not None and pair["type"] == "relay", pair
+        assert pair["protocol"] == transport, pair
+        await say_from_page(page, SENTENCES[:60])
+        await page.wait_for_function(
+            "() => window.avatarCall.states.includes('speaking')", timeout=20_000
+        )
+        await page.wait_for_function(
+            "() => window.avatarCall.states.at(-1) === 'listening'", timeout=30_000
+        )
+        played = await page.evaluate(
+            """async () => {
+                const out = {};
+                (await window.avatarCall.pc.getStats()).forEach((s) => {
+                    if (s.type === "inbound-rtp") out[s.kind] = s.kind === "video"
+                        ? s.framesDecoded : s.totalSamplesReceived;
+                });
+                return out;
+            }"""
+        )
+        assert played["video"] > 25 and played["audio"] > 48_000, played
+        await page.get_by_role("button", name="Stop").click()
+    allocations = await _ended_allocations(coturn, str(username))
+    carried = max(allocations, key=lambda a: a.sent)
+    print(f"Chromium relayed over {pair['protocol']}: {carried}")
+    assert carried.sent > 200_000 and carried.received > 5_000, carried
+    assert {a.transport for a in allocations} == {transport.upper()}, allocations

@@ -12,7 +12,7 @@ import {
 import { AvatarEmbed, embed, type EmbedEvent } from "../../static/embed-host.js";
 
 export async function talk(video: HTMLVideoElement, picker: HTMLSelectElement): Promise<void> {
-  const call = new Call(video, { baseUrl: "https://avatar.example.com", token: null });
+  const call = new Call(video, { baseUrl: "https://avatar.example.com", iceTransportPolicy: "relay" });
   call.addEventListener("event", (e) => {
     const event: ServerEvent = e.detail;
     if (event.type === "response") console.log(String(event.text));
