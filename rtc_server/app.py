@@ -267,14 +267,18 @@ class SessionManager:
             )
         if not session.may_resume(credential):
             raise SignalingError(401, "bad_resume", "that is not this call's resume credential")
-        await session.leave_peer()
-        pc = RTCPeerConnection(self.ice.rtc_configuration())
-        try:
-            negotiated = await self._wire(pc, session, offer)
-        except Exception:
-            await pc.close()
-            raise  # the call waits on for a resume that works, until its grace runs out
-        session.attach(pc)
+        # One resume at a time: two racing would leave a peer connection behind.
+        async with session.resuming:
+            if session.closed:
+                raise SignalingError(404, "unknown_session", f"no session {session_id!r}")
+            await session.leave_peer()
+            pc = RTCPeerConnection(self.ice.rtc_configuration())
+            try:
+                negotiated = await self._wire(pc, session, offer)
+            except Exception:
+                await pc.close()
+                raise  # the call waits on for a resume that works, until its grace runs out
+            session.attach(pc)
         self.metrics.calls_resumed.inc()
         logger.info("session %s resumed (%s)", session.id[:8], negotiated)
         return self._answer_of(pc, session)

@@ -127,6 +127,8 @@ class AvatarSession:
         self._grace: asyncio.Task[None] | None = None
         """While the link is lost: the wait for a resume, which ends the call."""
         self._peer_watchdog_task: asyncio.Task[None] | None = None
+        self.resuming = asyncio.Lock()
+        """Held while a resume replaces the peer connection (SessionManager.resume_session)."""
         self._connected_once = False
         self._peer_left = False
         """The current peer was let go of (leave_peer) and the next is being wired."""

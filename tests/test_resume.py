@@ -146,3 +146,35 @@ async def test_a_lost_call_not_resumed_in_its_grace_period_is_freed(
     finally:
         await client.close()
         relay.close()
+
+
+async def test_two_resumes_at_once_leave_one_peer_connection(resumable_server: LiveServer) -> None:
+    """Resumes are taken one at a time: the later one wins, the earlier one's peer connection
+    is closed by the server, none is left behind."""
+    import gc
+
+    relay = NetRelay()
+    client = await _cut_caller(resumable_server, relay)
+    callers = [CallClient(resumable_server.url), CallClient(resumable_server.url)]
+    try:
+        relay.outage(3600)
+        resume = (client.session_id, client.resume_credential)
+        await asyncio.gather(*(c.connect(resume=resume) for c in callers))
+        session = resumable_server.manager.sessions[client.session_id]
+        await wait_until(
+            lambda: any(c.pc.connectionState == "connected" for c in callers), 10, "resumed"
+        )
+        ours = {id(c.pc) for c in [client, *callers]}
+        live = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, RTCPeerConnection)
+            and id(o) not in ours
+            and o.connectionState != "closed"
+        ]
+        assert live == [session.pc], live
+    finally:
+        await client.close()
+        for c in callers:
+            await c.close()
+        relay.close()
