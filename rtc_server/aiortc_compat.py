@@ -197,10 +197,8 @@ def send_encoded_audio(
 
     async def next_encoded_frame(codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
         nonlocal on_rtp_origin
-        if on_rtp_origin is not None and last and sender._RTCRtpSender__packet_count > 0:  # type: ignore[attr-defined]
-            # The loop that called us sent the frame we gave it last before asking again.
-            sent = sender._RTCRtpSender__rtp_timestamp  # type: ignore[attr-defined]
-            on_rtp_origin((sent - last[0]) & 0xFFFFFFFF)
+        if on_rtp_origin is not None and (origin := _rtp_origin(sender, last)) is not None:
+            on_rtp_origin(origin)
             on_rtp_origin = None
         payload, timestamp, level = await source()
         if not sender._enabled:  # as aiortc: a disabled sender drops what it is given
@@ -243,11 +241,10 @@ def stamp_sender_reports(
     send_rtcp = sender._send_rtcp
 
     async def next_encoded_frame(codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
-        if not origin and given and sender._RTCRtpSender__packet_count > 0:  # type: ignore[attr-defined]
-            # The loop that called us sent the frame it had from us last before asking again.
-            sent = sender._RTCRtpSender__rtp_timestamp  # type: ignore[attr-defined]
-            origin.append((sent - given[0]) & 0xFFFFFFFF)
+        if not origin and (found := _rtp_origin(sender, given)) is not None:
+            origin.append(found)
             # A first report now, not 0.5-1.5 s on: a receiver lines the streams up from it.
+            sent = sender._RTCRtpSender__rtp_timestamp  # type: ignore[attr-defined]
             await send_reports([_first_report(sender, sent)])
         frame = await next_frame(codec)
         if frame is not None and not origin:
@@ -267,6 +264,17 @@ def stamp_sender_reports(
 
     sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]
     sender._send_rtcp = send_reports  # type: ignore[method-assign]
+
+
+def _rtp_origin(sender: RTCRtpSender, given: list[int]) -> int | None:
+    """The RTP timestamp of media time 0 on ``sender``, once a packet is out: aiortc adds a
+    random origin to the frames' times and keeps it to itself, so it is read back from the
+    packet the sender sent last, which holds ``given[0]``, the frame handed to its loop last
+    (the loop sends the frame it has before it asks for the next). None until then."""
+    if not given or sender._RTCRtpSender__packet_count == 0:  # type: ignore[attr-defined]
+        return None
+    sent: int = sender._RTCRtpSender__rtp_timestamp  # type: ignore[attr-defined]
+    return (sent - given[0]) & 0xFFFFFFFF
 
 
 def _first_report(sender: RTCRtpSender, rtp_timestamp: int) -> Any:

@@ -220,13 +220,18 @@ class AvatarSession:
             return
         self._log.info("link lost (%s): resumable for %.0f s", why, wait_s)
         self.turns.interrupt()
-        self._grace = self._tasks.spawn(self._wait_for_resume(why, wait_s), "resume-grace")
+        self._wait_for_resume(why, wait_s)
 
-    async def _wait_for_resume(self, why: str, wait_s: float) -> None:
-        await asyncio.sleep(wait_s)
-        self._log.warning("not resumed within %.0f s: closing", self._resume_grace_s)
-        self._grace = None
-        await self.end("peer_gone", f"{why}, and the call was not resumed")
+    def _wait_for_resume(self, why: str, wait_s: float | None = None) -> None:
+        """Close the call in ``wait_s`` (default: the whole grace) unless :meth:`attach` comes."""
+
+        async def grace() -> None:
+            await asyncio.sleep(self._resume_grace_s if wait_s is None else wait_s)
+            self._log.warning("not resumed within %.0f s: closing", self._resume_grace_s)
+            self._grace = None
+            await self.end("peer_gone", f"{why}, and the call was not resumed")
+
+        self._grace = self._tasks.spawn(grace(), "resume-grace")
 
     def may_resume(self, credential: str) -> bool:
         return bool(self.resume_credential) and secrets.compare_digest(
@@ -244,10 +249,7 @@ class AvatarSession:
             self._peer_watchdog_task = None
         self._peer_watched = False
         if self._grace is None and not self._closed:
-            why = "the caller left to resume on a new connection"
-            self._grace = self._tasks.spawn(
-                self._wait_for_resume(why, self._resume_grace_s), "resume-grace"
-            )
+            self._wait_for_resume("the caller left to resume on a new connection")
         try:
             await self.pc.close()
         except Exception:
