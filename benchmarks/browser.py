@@ -194,6 +194,10 @@ async ({ toleranceMs, timeoutMs }) => {
   while (performance.now() - started < timeoutMs) {
     await new Promise((resolve) => setTimeout(resolve, 500));
     const current = await audioStats();
+    if (!current || !previous) {
+      previous = current; // no audio received yet (it starts after the video)
+      continue;
+    }
     const emitted = current.jitterBufferEmittedCount - previous.jitterBufferEmittedCount;
     if (emitted > 0) {
       const delay = (current.jitterBufferDelay - previous.jitterBufferDelay) / emitted;

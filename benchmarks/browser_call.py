@@ -151,30 +151,45 @@ def run_sync(seconds: float, video_delay_ms: float) -> dict[str, Any]:
     return asyncio.run(_measure_sync(seconds, video_delay_ms))
 
 
+FLASH_BOX = (224, 224, 64, 64)
+"""Where the fresh-call probe looks for the sync-test engine's flashes (the whole frame
+flashes): a small box, for the probe reads back every frame it looks at, which a whole
+512 x 512 frame makes a load of its own on a small machine."""
+
+FIRST_SECONDS_SERVERS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "sent reports": {"sender_reports": "sent"},
+    "audio at once": {"audio_start_s": 0.0},
+}
+"""The servers ``bench sync --browser --fresh-calls`` can compare: media settings changed from
+the defaults (``MediaSettings``): aiortc's own sender reports; the audio started with the video."""
+
+
 async def _measure_first_seconds(
-    calls: int, seconds: int, sender_reports: tuple[str, ...]
+    calls: int, seconds: int, servers: tuple[str, ...]
 ) -> dict[str, Any]:
     """Fresh calls with the sync-test engine, the offset measured in Chromium second by second
-    from the first frame played (one flash and beep a second): how soon its lip-sync holds."""
+    from the first frame played (one flash and beep a second): how soon its lip-sync holds.
+    ``calls`` per server of ``FIRST_SECONDS_SERVERS`` named in ``servers``."""
     from benchmarks.sync import sync_test_factory
 
     missing = chromium_missing()
     if missing:
         raise RuntimeError(missing)
-    # One server per way of stamping the sender reports; the calls take turns between them.
-    servers = [await _server(sync_test_factory(), sender_reports=m) for m in sender_reports]
+    # The calls take turns between the servers.
+    running = [await _server(sync_test_factory(), **FIRST_SECONDS_SERVERS[s]) for s in servers]
     per_call: list[dict[str, Any]] = []
     try:
-        for n in range(calls * len(servers)):
-            mode = sender_reports[n % len(servers)]
-            url = servers[n % len(servers)][0]
+        for n in range(calls * len(running)):
+            mode = servers[n % len(running)]
+            url = running[n % len(running)][0]
             with tempfile.TemporaryDirectory() as profile:
                 async with chromium_page(Path(profile), bypass_csp=True) as page:
                     await page.goto(with_test_hooks(f"{url}/"))
                     clicked = await page_now(page)
                     await start_call(page, f"{url}/", navigate=False)
                     # From the first frame played (the probe needs the call), for as long.
-                    await install_sync_probe(page, (0, 0, 512, 512))
+                    await install_sync_probe(page, FLASH_BOX)
                     playing = await page_now(page)
                     await asyncio.sleep(seconds + 0.5)
                     stats = await call_stats(page)
@@ -193,14 +208,14 @@ async def _measure_first_seconds(
                 for i, w in enumerate(report.segments)
             ]
             per_call.append(
-                {"sender_reports": mode, "first_frame_ms": playing - clicked, "seconds": offsets}
+                {"server": mode, "first_frame_ms": playing - clicked, "seconds": offsets}
             )
             shown = " ".join(f"{o['offset_ms']:+.0f}" for o in offsets)
             progress(f"call {n + 1} ({mode}): {shown} ms")
     finally:
-        for _, runner, _ in servers:
+        for _, runner, _ in running:
             await runner.cleanup()
-    return {"calls": calls, "seconds": seconds, "per_call": per_call}
+    return {"calls": calls, "seconds": seconds, "servers": list(servers), "per_call": per_call}
 
 
 def _flashes(probe: Any, start_ms: float, seconds: int) -> list[float]:
@@ -219,20 +234,20 @@ def _flashes(probe: Any, start_ms: float, seconds: int) -> list[float]:
 
 
 def run_first_seconds(
-    calls: int, seconds: int, sender_reports: tuple[str, ...] = ("media",)
+    calls: int, seconds: int, servers: tuple[str, ...] = ("default",)
 ) -> dict[str, Any]:
-    """``calls`` per way of stamping sender reports (``MediaSettings.sender_reports``)."""
-    return asyncio.run(_measure_first_seconds(calls, seconds, sender_reports))
+    """``calls`` per server named in ``servers`` (keys of ``FIRST_SECONDS_SERVERS``)."""
+    return asyncio.run(_measure_first_seconds(calls, seconds, servers))
 
 
 def first_seconds_table(f: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """Headers and rows of ``bench sync --browser --fresh-calls``: a call a row."""
     width = max((len(c["seconds"]) for c in f["per_call"]), default=0)
     rows = [
-        [n + 1, c["sender_reports"], c["first_frame_ms"]]
+        [n + 1, c["server"], c["first_frame_ms"]]
         + [o["offset_ms"] for o in c["seconds"]]
         + [float("nan")] * (width - len(c["seconds"]))
         for n, c in enumerate(f["per_call"])
     ]
     flashes = [f"flash {i + 1}" for i in range(width)]
-    return ["call", "reports", "first frame ms", *flashes], rows
+    return ["call", "server", "first frame ms", *flashes], rows

@@ -293,12 +293,14 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     if args.browser and args.fresh_calls:
         from benchmarks import browser_call
 
-        modes = ("sent", "media") if args.compare_sender_reports else ("media",)
+        modes: tuple[str, ...] = ("default",)
+        modes += ("sent reports",) if args.compare_sender_reports else ()
+        modes += ("audio at once",) if args.compare_audio_start else ()
         f = browser_call.run_first_seconds(args.fresh_calls, round(args.seconds), modes)
         print("offset in Chromium at each flash from the first frame (ms, + = video later)")
         print(table(*browser_call.first_seconds_table(f)))
         settings = {"seconds": args.seconds, "browser": True, "fresh_calls": args.fresh_calls}
-        return {**settings, "sender_reports": list(modes)}, f
+        return {**settings, "servers": list(modes)}, f
     if args.browser:
         from benchmarks import browser_call
 
@@ -503,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare-sender-reports",
         action="store_true",
         help="with --fresh-calls: as many calls again with aiortc's own sender reports",
+    )
+    syn.add_argument(
+        "--compare-audio-start",
+        action="store_true",
+        help="with --fresh-calls: as many calls again with the audio started with the video",
     )
     syn.add_argument(
         "--browser",

@@ -194,6 +194,7 @@ class SessionManager:
             still_repeat_s=(
                 0.0 if self.engine_factory.name == "sync-test" else self.config.media.still_repeat_s
             ),
+            audio_start_s=self.config.media.audio_start_s,
         )
         if self.engine_factory.notice:
             session.notices.append(("engine_fallback", self.engine_factory.notice))

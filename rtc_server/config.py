@@ -240,6 +240,12 @@ class MediaSettings:
     """What the RTCP sender reports map RTP time to: "media", the call's clock (both tracks in
     step however late either packet went out); "sent", aiortc's own, the time each last packet
     left (kept for measuring the difference: ``bench sync --browser --fresh-calls``)."""
+    audio_start_s: float = 0.6
+    """A peer connection's audio starts this long after it was first asked for (its video
+    starts at once; 0: together). A browser plays a call's audio only once the first video
+    frame is shown; audio that arrived before waits in its jitter buffer, which drains by
+    ~10 ms a second, so the first seconds played late against the picture. The avatar is
+    silent until then: no speech is placed before the audio starts."""
 
     def __post_init__(self) -> None:
         if bool(self.turn_secret) != bool(self.turn_urls):
@@ -253,6 +259,8 @@ class MediaSettings:
                 raise ConfigError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
         if self.sender_reports not in ("media", "sent"):
             raise ConfigError(f"sender_reports must be media or sent, not {self.sender_reports!r}")
+        if not 0.0 <= self.audio_start_s <= 2.0:
+            raise ConfigError(f"audio_start_s must be 0 .. 2 s, not {self.audio_start_s}")
         if not 60 <= self.turn_ttl_s <= 7 * 86400:
             raise ConfigError("turn_ttl_s must be 60 s .. 7 days")
         if self.public_address is not None:

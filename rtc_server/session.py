@@ -64,13 +64,16 @@ class AvatarSession:
         idle_timeout_s: float | None = None,
         peer_silence_s: float | None = PEER_SILENCE_S,
         still_repeat_s: float = STILL_REPEAT_S,
+        audio_start_s: float = 0.0,
         messages: RateLimiter | None = None,
         visemes: bool = False,
         resume_grace_s: float = 0.0,
     ) -> None:
         """``messages`` limits the caller's says and data-channel messages (None: no limit);
         ``visemes`` sends the caller ``viseme`` events on its events channel;
-        ``resume_grace_s``: how long a call whose link was lost waits for :meth:`attach`."""
+        ``resume_grace_s``: how long a call whose link was lost waits for :meth:`attach`;
+        ``audio_start_s``: the audio of each peer connection starts that long after its first
+        request (``MediaSettings.audio_start_s``)."""
         self.id = uuid.uuid4().hex
         self.pc = pc
         self.engine = engine
@@ -88,9 +91,10 @@ class AvatarSession:
         self.visemes = VisemeStream(self.scheduler)
         self.scheduler.on_clear = self.visemes.on_clear
         self.scheduler.on_queued = self.visemes.on_queued
-        self.audio_track = AvatarAudioTrack(self.clock, self.scheduler)
+        self.audio_track = AvatarAudioTrack(self.clock, self.scheduler, start_after_s=audio_start_s)
         self.video_track = AvatarVideoTrack(self.clock, self.scheduler, still_repeat_s)
         self._still_repeat_s = still_repeat_s
+        self._audio_start_s = audio_start_s
         self._log = CallLog(logger, {"session": self.id[:8]})
         self._tasks = CallTasks(self.id, self._log)
         settings = settings or ListenSettings()
@@ -258,7 +262,9 @@ class AvatarSession:
         # same clock and scheduler, from the instant it takes over.
         self.audio_track.stop()
         self.video_track.stop()
-        self.audio_track = AvatarAudioTrack(self.clock, self.scheduler, from_now=True)
+        self.audio_track = AvatarAudioTrack(
+            self.clock, self.scheduler, from_now=True, start_after_s=self._audio_start_s
+        )
         self.video_track = AvatarVideoTrack(self.clock, self.scheduler, self._still_repeat_s)
 
     def attach(self, pc: RTCPeerConnection) -> None:

@@ -109,6 +109,8 @@ class AVScheduler:
         self._speech = SegmentQueue(self.samples_per_unit)
         self._speech_from: int | None = None
         """The first unit the current run of speech may play at; None between runs."""
+        self._audio_from: int | None = 0
+        """The first unit the audio track plays; None while a new track has not started."""
         self._top_segment = -1
         """The highest segment id pushed."""
         self._live_from = 0
@@ -169,11 +171,19 @@ class AVScheduler:
             self.on_queued()  # its last partial piece can play now
         await self.engine.end_segment(segment_id)
 
+    def audio_from(self, unit: int | None) -> None:
+        """The audio track's first unit: speech is placed no earlier, so none of it goes
+        unheard. None: a new audio track has not started yet (speech waits to be placed)."""
+        self._audio_from = unit
+        self._place()
+
     def _place(self) -> None:
         """Start a run of speech ``engine.latency`` from now, unless one is running."""
         if self._speech_from is not None or not self._speech.pending:
             return
-        self._speech_from = max(self._ready_unit(), self._next_unit)
+        if self._audio_from is None:
+            return
+        self._speech_from = max(self._ready_unit(), self._next_unit, self._audio_from)
         # Idle frames rendered ahead would be stale once the speech is over.
         self._idle.clear()
         self._space.set()

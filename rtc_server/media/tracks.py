@@ -30,14 +30,26 @@ class AvatarAudioTrack(MediaStreamTrack):
     kind = "audio"
 
     def __init__(
-        self, clock: MediaClock, scheduler: AVScheduler, *, from_now: bool = False
+        self,
+        clock: MediaClock,
+        scheduler: AVScheduler,
+        *,
+        from_now: bool = False,
+        start_after_s: float = 0.0,
     ) -> None:
-        """``from_now``: the first frame is the clock's next instant (a track that takes over
-        from an ended one: the call resumed on a new peer connection), not the clock's first."""
+        """``from_now``: the first frame is the clock's instant when the track is first asked
+        (a track that takes over from an ended one: the call resumed on a new peer connection),
+        not the clock's first. ``start_after_s``: the first frame is that much later than the
+        first request (see ``MediaSettings.audio_start_s``); no speech is placed before it."""
         super().__init__()
         self._clock = clock
         self._scheduler = scheduler
-        self._index = math.ceil(clock.now() / AUDIO_PTIME) if from_now and clock.started else 0
+        self._from_now = from_now
+        self._start_after_s = start_after_s
+        self._index: int | None = None
+        """The next frame's index; None until the track has started."""
+        # Speech waits to be placed until a track that may start later knows its start.
+        scheduler.audio_from(None if from_now or start_after_s > 0 else 0)
         scheduler.register("audio")
         self._per_unit = round(1 / (scheduler.fps * AUDIO_PTIME))
         self._samples = int(AUDIO_RATE * AUDIO_PTIME)
@@ -57,6 +69,13 @@ class AvatarAudioTrack(MediaStreamTrack):
         frame.time_base = AUDIO_TIME_BASE
         return frame
 
+    def _start(self) -> int:
+        """The first frame's index, at the first request: ``start_after_s`` from then."""
+        now = self._clock.now() if self._from_now or self._start_after_s > 0 else 0.0
+        unit = math.ceil((now + self._start_after_s) * self._scheduler.fps - 1e-6)
+        self._scheduler.audio_from(unit)
+        return unit * self._per_unit
+
     async def recv_encoded(self) -> EncodedAudio:
         """The next frame as its Opus packet, RTP time and level (see :meth:`encode_with`)."""
         if self._encoder is None:
@@ -68,6 +87,8 @@ class AvatarAudioTrack(MediaStreamTrack):
         """The next frame's samples and its time in samples, at its instant on the clock."""
         if self.readyState != "live":
             raise MediaStreamError
+        if self._index is None:
+            self._index = self._start()
         index = self._index
         self._index += 1
         await self._clock.sleep_until(index * AUDIO_PTIME)
