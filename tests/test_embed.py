@@ -196,7 +196,7 @@ FORGE_JS = r"""async (server) => {
 }"""
 
 
-async def _start_host() -> tuple[str, web.AppRunner]:
+async def start_host_page() -> tuple[str, web.AppRunner]:
     """A page server on its own 127.0.0.1 port: a host origin. ``/?server=&options=`` is a page
     that loads embed.js from ``server`` and calls AvatarRTC.embed with ``options`` (JSON)."""
 
@@ -248,7 +248,7 @@ async def host() -> AsyncIterator[Callable[[], Awaitable[str]]]:
     runners: list[web.AppRunner] = []
 
     async def start() -> str:
-        origin, runner = await _start_host()
+        origin, runner = await start_host_page()
         runners.append(runner)
         return origin
 
