@@ -9,6 +9,7 @@ speech is placed no earlier, so none of it goes unheard.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +17,11 @@ import pytest
 from benchmarks.client import CallClient
 from musetalk_core.types import AudioChunk
 from rtc_server.config import ConfigError, ServerConfig
+from rtc_server.engine_factory import EngineFactory
 from rtc_server.media.clock import ManualClock
 from rtc_server.media.scheduler import AVScheduler
 from rtc_server.media.tracks import AvatarAudioTrack
-from tests.conftest import LiveServer
+from tests.conftest import start_server
 from tests.fakes import CountingEngine
 from tests.waiting import wait_until
 
@@ -117,7 +119,7 @@ async def test_a_new_audio_track_holds_speech_until_it_is_first_asked() -> None:
 
 
 def test_the_audio_start_is_a_media_setting_of_at_most_2_s() -> None:
-    assert ServerConfig.of().media.audio_start_s == 0.6
+    assert ServerConfig.of().media.audio_start_s == 0.0  # off by default
     assert ServerConfig.of(audio_start_s=0.0).media.audio_start_s == 0.0
     for wrong in (-0.1, 2.5):
         with pytest.raises(ConfigError, match="audio_start_s"):
@@ -141,8 +143,11 @@ async def _first_audio_media_time(client: CallClient) -> float:
     return audio - video
 
 
-async def test_over_a_real_call_the_audio_begins_after_the_video(live_server: LiveServer) -> None:
-    client = CallClient(live_server.url)
+async def test_over_a_real_call_the_audio_begins_after_the_video(
+    engine_factory: EngineFactory, cache_dir: Path
+) -> None:
+    server, runner = await start_server(engine_factory, cache_dir, audio_start_s=0.6)
+    client = CallClient(server.url)
     try:
         await client.connect()
         started = await _first_audio_media_time(client)
@@ -153,3 +158,4 @@ async def test_over_a_real_call_the_audio_begins_after_the_video(live_server: Li
         assert apart > 0.4, apart
     finally:
         await client.close()
+        await runner.cleanup()
