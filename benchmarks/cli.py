@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import turn_taking
 from benchmarks.report import table, write_json
 
 
@@ -553,9 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="silence this much of the first caller's reply, to check the hole measurement",
     )
+    tt = turn_taking.add_parser(sub)
     for p in (brw, syn, lod):
         p.add_argument("--url", default=None, help="a running server (default: in-process)")
-    for p in (enc, eng, cal, lat, con, vad, vis, brw, syn, lod):
+    for p in (enc, eng, cal, lat, con, vad, vis, brw, syn, lod, tt):
         p.add_argument("--json", type=Path, default=None, help="write results here")
         p.add_argument("--plot", type=Path, default=None, help="draw them into this PNG")
     return parser
@@ -574,6 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "browser": _browser,
         "sync": _sync,
         "load": _load,
+        "turn-taking": turn_taking.command,
     }[args.bench]
     settings, results = runner(args)
     if args.json is not None:

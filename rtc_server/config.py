@@ -31,6 +31,7 @@ LLMS = ("auto", "echo", "openai")
 TTSS = ("auto", "piper", "elevenlabs", "openai")
 CONVERSATIONS = ("pipeline", "openai-realtime")
 REALTIME_TURNS = ("ours", "service")
+END_OF_TURNS = ("auto", "smart-turn", "off")
 
 
 class ConfigError(AvatarRtcError, ValueError):
@@ -349,7 +350,18 @@ class ConversationSettings:
     """Longest silence of a cloud provider mid-answer (or before its first byte) before the
     request fails: a reply whose LLM or TTS stalls gets an error and the spoken apology."""
     vad_hangover_ms: int = 500
-    """Silence after speech that ends the caller's turn."""
+    """Silence after speech that ends the caller's turn (when no end-of-turn model judges it)."""
+    end_of_turn: str = "auto"
+    """``smart-turn``: a model judges at each pause whether the caller has finished, and the
+    turn ends after ``complete_hangover_ms`` or ``incomplete_hangover_ms`` of silence; ``off``:
+    after ``vad_hangover_ms``; ``auto``: the model when it is installed
+    (rtc_server/end_of_turn.py)."""
+    complete_hangover_ms: int = 200
+    """Silence that ends a turn the end-of-turn model judges finished."""
+    incomplete_hangover_ms: int = 1200
+    """Silence that ends a turn the end-of-turn model judges unfinished."""
+    speculate: bool = True
+    """Start the reply at a pause, before the turn has ended (rtc_server/speculation.py)."""
     barge_in: bool = True
 
     def __post_init__(self) -> None:
@@ -385,6 +397,16 @@ class ConversationSettings:
             raise ConfigError("max_tokens must be at least 1")
         if self.vad_hangover_ms < 100:
             raise ConfigError("vad_hangover_ms below 100 ms would cut callers off mid-sentence")
+        if self.end_of_turn not in END_OF_TURNS:
+            raise ConfigError(f"end_of_turn must be one of {', '.join(END_OF_TURNS)}")
+        if not 0 <= self.complete_hangover_ms <= self.incomplete_hangover_ms <= 10_000:
+            raise ConfigError(
+                "need 0 <= complete_hangover_ms <= incomplete_hangover_ms <= 10000 (ms)"
+            )
+        if self.incomplete_hangover_ms < 100:
+            raise ConfigError(
+                "incomplete_hangover_ms below 100 ms would cut callers off mid-sentence"
+            )
 
 
 SECTIONS: dict[str, type] = {

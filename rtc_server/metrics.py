@@ -81,6 +81,13 @@ class Metrics:
         self.utterances = Counter(
             "avatar_rtc_utterances", "Say requests accepted.", registry=self.registry
         )
+        self.speculative_replies = Counter(
+            "avatar_rtc_speculative_replies",
+            "Replies started at a caller's pause, by outcome: used (the turn ended with those "
+            "words) or discarded (the caller went on; its LLM request was made for nothing).",
+            ["outcome"],
+            registry=self.registry,
+        )
 
     def observe_load(self, headroom: Headroom) -> None:
         """Set the load gauges from what ``headroom`` measured."""

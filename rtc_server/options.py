@@ -18,6 +18,7 @@ from typing import Any
 
 from rtc_server.config import (
     CONVERSATIONS,
+    END_OF_TURNS,
     ENGINES,
     LLMS,
     REALTIME_TURNS,
@@ -420,7 +421,44 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "(benchmarks and tests)",
         kind=Kind.SWITCH,
     ),
-    Option("vad-hangover-ms", "conversation", "silence that ends the caller's turn", int, 500),
+    Option(
+        "vad-hangover-ms",
+        "conversation",
+        "silence that ends the caller's turn when no end-of-turn model judges it",
+        int,
+        500,
+    ),
+    Option(
+        "end-of-turn",
+        "conversation",
+        "who decides that the caller has finished: the Smart Turn model at each pause "
+        "(smart-turn), the fixed hang-over (off), the model when installed (auto)",
+        default="auto",
+        choices=END_OF_TURNS,
+    ),
+    Option(
+        "complete-hangover-ms",
+        "conversation",
+        "silence that ends a turn the end-of-turn model judges finished",
+        int,
+        200,
+    ),
+    Option(
+        "incomplete-hangover-ms",
+        "conversation",
+        "silence that ends a turn the end-of-turn model judges unfinished",
+        int,
+        1200,
+    ),
+    Option(
+        "no-speculation",
+        "conversation",
+        "do not start the reply at the caller's pause (each discarded start costs one LLM "
+        "request and one sentence of TTS)",
+        kind=Kind.SWITCH,
+        field="speculate",
+        to_config=_not,
+    ),
     Option(
         "no-barge-in",
         "conversation",

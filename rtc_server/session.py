@@ -321,6 +321,8 @@ class AvatarSession:
     async def _listen(self, track: MediaStreamTrack) -> None:
         model = self.providers.vad
         vad = VADStream(model, self.turns.settings.vad) if model is not None else None
+        if vad is not None:
+            self.turns.hear_through(vad)
         downsample = MicDownsampler(VAD_RATE)
         realtime = self.turns.realtime
         # A speech-to-speech model hears the caller at its own rate.

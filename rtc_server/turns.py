@@ -49,6 +49,10 @@ class TurnTimer:
     marks: dict[str, float] = field(default_factory=dict)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     """The clock of the marks (the call's)."""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Durations (ms) measured elsewhere, reported as they are (``end_of_turn_ms``)."""
+    speculated: bool = False
+    """The reply was the one prepared at the caller's pause (rtc_server/speculation.py)."""
 
     def mark(self, name: str, at: float | None = None) -> None:
         self.marks.setdefault(name, self.clock() if at is None else at)
@@ -67,4 +71,5 @@ class TurnTimer:
         span("engine_first_frame_ms", "engine_first_push", "first_frame")
         if "first_frame" in m:
             out["first_audio_out_ms"] = (m["first_frame"] - self.speech_end) * 1000
+        out.update(self.stages)
         return {k: round(v, 1) for k, v in out.items()}

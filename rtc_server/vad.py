@@ -7,7 +7,6 @@ The model file comes from the ``silero-vad`` package, located without importing 
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from musetalk_core.package_data import package_dir
 
 SAMPLE_RATE = 16_000
 CHUNK = 512
@@ -29,10 +30,10 @@ on the event loop. One sample past it and the model runs."""
 
 
 def silero_model_path() -> Path:
-    spec = importlib.util.find_spec("silero_vad")
-    if spec is None or not spec.submodule_search_locations:
+    root = package_dir("silero_vad")
+    if root is None:
         raise RuntimeError("the 'silero-vad' package is not installed: pip install silero-vad")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+    path = root / "data" / "silero_vad.onnx"
     if not path.is_file():
         raise RuntimeError(f"silero-vad is installed but {path} is missing")
     return path
@@ -179,11 +180,21 @@ class VADStream:
         self._speech_run = 0
         self._last_speech_end = 0
         self._quiet_run = 0
+        self._pause_hangover_ms: int | None = None
+        """The hang-over of the pause under way, when something judged it (None: the
+        default of the params)."""
         self.last_probability = 0.0
 
     @property
     def time(self) -> float:
         return self._samples / SAMPLE_RATE
+
+    def end_pause_after(self, hangover_ms: int) -> None:
+        """End the pause under way (after a :class:`SpeechPause`) once its silence lasts
+        ``hangover_ms``, instead of the params' hang-over; at once, at the next chunk, if it
+        already has. The next pause starts from the params' again. Outside a pause: nothing."""
+        if self.state is VADState.STOPPING:
+            self._pause_hangover_ms = hangover_ms
 
     def feed(self, pcm: np.ndarray) -> list[VADEvent]:
         """Consume int16 16 kHz samples; return the events they complete, in order."""
@@ -259,14 +270,17 @@ class VADStream:
         # started at the pause never misses a softly spoken ending.
         if not silence:
             self.state = VADState.SPEAKING
+            self._pause_hangover_ms = None
             return SpeechResume()
         return self._maybe_end()
 
     def _maybe_end(self) -> SpeechEnd | None:
         p = self.params
         ms = SAMPLE_RATE // 1000
-        if self._samples - self._last_speech_end >= p.hangover_ms * ms:
+        hangover = p.hangover_ms if self._pause_hangover_ms is None else self._pause_hangover_ms
+        if self._samples - self._last_speech_end >= hangover * ms:
             self.state = VADState.QUIET
+            self._pause_hangover_ms = None
             audio = np.concatenate(self._utterance)
             self._utterance = []
             self._pre_roll.clear()

@@ -160,3 +160,51 @@ def test_a_full_scale_chunk_is_never_taken_for_silence() -> None:
     vad.feed(np.full(512, -32768, np.int16))
     vad.feed(np.full(512, 33, np.int16))
     assert model.runs == 2
+
+
+def _end_after_pause(model: SileroModel, speech: np.ndarray, hangover_ms: int | None) -> float:
+    """Where the turn ended (stream time of the SpeechEnd) when the pause is given
+    ``hangover_ms`` as it begins (None: the params' 500 ms)."""
+    from rtc_server.vad import SpeechPause
+
+    vad = VADStream(model, VADParams(hangover_ms=500))
+    track = np.concatenate([_noise(1, 0.003), speech, _noise(3, 0.003, 1)])
+    for i in range(0, len(track), 320):  # the microphone's 20 ms frames
+        for event in vad.feed(track[i : i + 320]):
+            if isinstance(event, SpeechPause) and hangover_ms is not None:
+                vad.end_pause_after(hangover_ms)
+            if isinstance(event, SpeechEnd):
+                return event.detected_at
+    raise AssertionError("the turn never ended")
+
+
+def test_a_pause_ends_after_the_hang_over_it_was_given(model: SileroModel) -> None:
+    speech = _speech("What is the capital of France?")
+    default = _end_after_pause(model, speech, None)
+    short = _end_after_pause(model, speech, 150)
+    long = _end_after_pause(model, speech, 1200)
+    assert default - short == pytest.approx(0.35, abs=0.033)  # one 32 ms chunk
+    assert long - default == pytest.approx(0.7, abs=0.033)
+
+
+def test_a_judged_pause_does_not_carry_over_to_the_next(model: SileroModel) -> None:
+    from rtc_server.vad import SpeechPause, SpeechResume
+
+    first, second = _speech("What is the capital"), _speech("of France?")
+    track = np.concatenate(
+        [_noise(1, 0.003), first, _noise(0.3, 0.003, 1), second, _noise(2, 0.003, 2)]
+    )
+    vad = VADStream(model, VADParams(hangover_ms=500))
+    events = []
+    for i in range(0, len(track), 320):
+        for event in vad.feed(track[i : i + 320]):
+            events.append(event)
+            if isinstance(event, SpeechPause) and not any(
+                isinstance(e, SpeechResume) for e in events
+            ):
+                vad.end_pause_after(2000)  # only the first pause is judged unfinished
+    ends = [e for e in events if isinstance(e, SpeechEnd)]
+    assert len(ends) == 1 and any(isinstance(e, SpeechResume) for e in events)
+    assert ends[0].detected_at - ends[0].at < 0.5 + 0.2  # the last pause had the default
+    vad.end_pause_after(100)  # outside a pause: nothing
+    assert vad._pause_hangover_ms is None

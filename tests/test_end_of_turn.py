@@ -1,0 +1,87 @@
+"""The end-of-turn model (Smart Turn v3.2 from the pipecat-ai wheel) on the bundled voice."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks.clip import speech_pcm
+from rtc_server.config import ConfigError
+from rtc_server.end_of_turn import (
+    SAMPLE_RATE,
+    WINDOW_S,
+    EndOfTurnParams,
+    SmartTurnModel,
+    last_window,
+    load_end_of_turn,
+    log_mel_features,
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> SmartTurnModel:
+    return SmartTurnModel.shared()
+
+
+def _speech(text: str) -> np.ndarray:
+    return asyncio.run(speech_pcm(text, SAMPLE_RATE))
+
+
+def test_the_model_is_found_without_importing_pipecat(model: SmartTurnModel) -> None:
+    assert "pipecat" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    "text", ["What is the capital of France?", "Can you tell me how the weather will be tomorrow?"]
+)
+def test_a_finished_question_is_judged_finished(model: SmartTurnModel, text: str) -> None:
+    assert model.probability(_speech(text)) > 0.8
+
+
+@pytest.mark.parametrize("text", ["I would like to", "My name is Sam and I"])
+def test_words_that_stop_mid_sentence_are_judged_unfinished(
+    model: SmartTurnModel, text: str
+) -> None:
+    assert model.probability(_speech(text)) < 0.3
+
+
+def test_the_features_are_whispers_log_mel_of_the_last_eight_seconds() -> None:
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(SAMPLE_RATE) / SAMPLE_RATE) * 32767).astype(
+        np.int16
+    )
+    window = last_window(tone)
+    assert window.shape == (WINDOW_S * SAMPLE_RATE,)
+    assert not window[:-SAMPLE_RATE].any()  # a short turn: silence before it
+    features = log_mel_features(window)
+    assert features.shape == (80, 800) and features.dtype == np.float32
+    # Floored 8 decades under the peak, scaled by a quarter: a span of exactly 2.
+    assert features.max() - features.min() == pytest.approx(2.0, abs=1e-5)
+    # The tone lives in the last second (the last 100 frames), in the band around 440 Hz.
+    band = features[:, -90:].mean(axis=1)
+    assert int(np.argmax(band)) in range(8, 14)
+    assert features[:, :600].std() < 1e-3  # the silence before it is one flat floor
+    with pytest.raises(ValueError):
+        log_mel_features(np.zeros(1000, np.float32))
+
+
+def test_the_choice_of_end_of_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_end_of_turn("off") is None
+    assert isinstance(load_end_of_turn("auto"), SmartTurnModel)
+
+    def missing() -> SmartTurnModel:
+        raise RuntimeError("the end-of-turn model comes from the 'pipecat-ai' wheel")
+
+    monkeypatch.setattr(SmartTurnModel, "shared", staticmethod(missing))
+    assert load_end_of_turn("auto") is None  # auto: the fixed hang-over, and a warning
+    with pytest.raises(ConfigError, match="pipecat-ai"):
+        load_end_of_turn("smart-turn")
+
+
+def test_the_hang_overs_are_validated() -> None:
+    with pytest.raises(ValueError):
+        EndOfTurnParams(complete_hangover_ms=800, incomplete_hangover_ms=400)
+    with pytest.raises(ValueError):
+        EndOfTurnParams(threshold=1.0)
