@@ -33,9 +33,10 @@ class Clip:
     mouth_box: tuple[int, int, int, int] | None
 
 
-def engine_factory(cache_dir: Path | None = None) -> EngineFactory:
+def engine_factory(cache_dir: Path | None = None, framing: str = "head") -> EngineFactory:
+    """The server's engine, the built-in avatar framed by ``framing`` (head or full)."""
     cache = cache_dir or Path(tempfile.gettempdir()) / "avatar-rtc-bench"
-    return load_engine_factory(ServerConfig.of(cache_dir=cache))
+    return load_engine_factory(ServerConfig.of(cache_dir=cache, framing=framing))
 
 
 async def render_clip(

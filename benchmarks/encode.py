@@ -17,7 +17,7 @@ from aiortc.codecs.vpx import Vp8Decoder, Vp8Encoder, vp8_depayload
 from aiortc.jitterbuffer import JitterFrame
 
 from benchmarks.clip import Clip
-from benchmarks.report import progress, summary
+from benchmarks.report import progress, summary, table
 from musetalk_core.i420 import rgb_to_i420
 from rtc_server.media.h264 import TunedH264Encoder
 
@@ -133,6 +133,62 @@ def jpeg_at_equal_quality(clip: Clip, target_psnr_db: float) -> dict[str, Any]:
         else:
             lo = mid + 1
     return run_jpeg(clip, lo)
+
+
+def compare_framings(clips: dict[str, Clip], rounds: int = 1) -> list[dict[str, Any]]:
+    """Our H.264 (from RGB and from I420) on the same speech rendered with each framing
+    (``--framing head`` and ``full``), interleaved round by round; the face's width over the
+    frame's from a face mesh found in a decoded frame."""
+    from musetalk_core.framing import face_fraction
+
+    ours = CODECS[:2]
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {
+        (f, c.name): [] for f in clips for c in ours
+    }
+    for r in range(rounds):
+        for framing, clip in clips.items():
+            for codec in ours:
+                runs[(framing, codec.name)].append(run_codec(codec, clip))
+                progress(f"round {r + 1}/{rounds}: {framing} {codec.name}")
+    rows = []
+    for (framing, name), done in runs.items():
+        clip = clips[framing]
+        height, width = clip.images[0].shape[:2]
+        cpu = [s for d in done for s in d["cpu_ms_samples"]]
+        rows.append(
+            {
+                "framing": framing,
+                "size": f"{width}x{height}",
+                "face_fraction": face_fraction(clip.images[len(clip.images) // 4]),
+                "codec": name,
+                "frames": sum(d["frames"] for d in done),
+                "cpu_ms": summary(cpu),
+                "wall_ms_p50": float(np.median([d["wall_ms"]["p50"] for d in done])),
+                "kbps": float(np.median([d["kbps"] for d in done])),
+                "psnr_db": float(np.median([d["psnr_db"]["mean"] for d in done])),
+                "ssim": float(np.median([d["ssim"]["mean"] for d in done])),
+                "cpu_ms_samples": cpu,
+            }
+        )
+    return rows
+
+
+def framings_command(frames: int, rounds: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``bench encode --framing both``: both clips rendered, compared, the table printed."""
+    from benchmarks.clip import engine_factory, render_clip_sync
+
+    clips = {
+        f: render_clip_sync(frames, factory=engine_factory(framing=f)) for f in ("full", "head")
+    }
+    results = compare_framings(clips, rounds=rounds)
+    head = ["framing", "size", "face width", "codec", "CPU ms p50", "CPU ms p95", "kbps", "PSNR dB"]
+    rows = [
+        [r["framing"], r["size"], r["face_fraction"], r["codec"], r["cpu_ms"]["p50"]]
+        + [r["cpu_ms"]["p95"], r["kbps"], r["psnr_db"]]
+        for r in results
+    ]
+    print(table(head, rows))
+    return {"frames": frames, "rounds": rounds, "framing": "both"}, results
 
 
 def run(clip: Clip, rounds: int = 1) -> list[dict[str, Any]]:

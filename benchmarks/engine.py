@@ -13,8 +13,8 @@ from rtc_server.media.resample import resample_int16
 from rtc_server.providers.piper_tts import PiperTTS
 
 
-async def _measure(frames: int) -> dict[str, Any]:
-    factory = engine_factory()
+async def _measure(frames: int, framing: str) -> dict[str, Any]:
+    factory = engine_factory(framing=framing)
     tts = PiperTTS.load()
     engine = factory.create()
     speech = []
@@ -93,7 +93,7 @@ def landmark_timing(rounds: int = 10, video_frames: int = 50) -> dict[str, Any]:
     return {"picture_ms": per_picture, "video_frame_ms": per_frame}
 
 
-def run(frames: int) -> dict[str, Any]:
-    result = asyncio.run(_measure(frames))
+def run(frames: int, framing: str = "head") -> dict[str, Any]:
+    result = asyncio.run(_measure(frames, framing))
     result["landmarks"] = landmark_timing()
     return result

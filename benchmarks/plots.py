@@ -67,7 +67,8 @@ def plot(bench: str, results: Any, path: Path) -> None:
         timeline.legend(fontsize="small")
     elif bench == "encode":
         fig, (cpu, kbps) = _figure("Encoding the avatar clip", 2)
-        names = [r["codec"] for r in results]
+        # --framing both: each codec once per framing.
+        names = [f"{r['framing']} {r['codec']}" if "framing" in r else r["codec"] for r in results]
         cpu.bar(names, [r["cpu_ms"]["p50"] for r in results], label="p50", color="#2563eb")
         cpu.bar(
             names,

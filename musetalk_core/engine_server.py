@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from .engine_protocol import Kind, pack, read_message
 from .frame_ring import FrameRing, SlotsExhausted
+from .framing import FRAMINGS
 from .render_side import RenderSide
 from .runtime import MuseTalkRuntime
 
@@ -221,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--weights-dir", required=True, type=Path)
     p.add_argument("--avatar", type=Path, help="portrait or video (unset: the built-in one)")
     p.add_argument("--cache-dir", required=True, type=Path, help="avatar material cache")
+    p.add_argument("--framing", choices=FRAMINGS, default="head", help="head or full picture")
     p.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu")
     p.add_argument("--batch", type=int, default=16, help="largest batch, over every call")
     p.add_argument("--compile", action="store_true", help="torch.compile the UNet and VAE")
@@ -250,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         cache_dir=args.cache_dir,
         device=args.device,
         compile_models=args.compile,
+        framing=args.framing,
     )
     runtime = loaded.runtime(max_batch=args.batch)
     runtime.warm_up()

@@ -55,14 +55,16 @@ def load_musetalk(
     encoder_id: str | None = None,
     bbox_shift: int = 0,
     extra_margin: int = 10,
+    framing: str = "head",
     progress: bool | ProgressFn = False,
 ) -> LoadedMuseTalk:
     """Load the release in ``weights_dir`` and prepare (or take from ``cache_dir``) the
     material of the avatar ``source`` (a picture or video file, or an RGB picture).
 
     ``encoder_id`` keys the material cache (default: the weights' own id, so new weights
-    never reuse material encoded by old ones). Raises ``WeightsError`` for a broken release,
-    ``AvatarError`` / ``NoFaceError`` for a source without a usable face.
+    never reuse material encoded by old ones); ``framing`` is :mod:`musetalk_core.framing`'s
+    (``head`` or ``full``). Raises ``WeightsError`` for a broken release, ``AvatarError`` /
+    ``NoFaceError`` for a source without a usable face.
     """
     placement = resolve_placement(device)
     started = time.perf_counter()
@@ -79,6 +81,7 @@ def load_musetalk(
         cache_dir=cache_dir,
         bbox_shift=bbox_shift,
         extra_margin=extra_margin,
+        framing=framing,
         progress=progress,
     )
     return LoadedMuseTalk(models, material, placement, load_ms)

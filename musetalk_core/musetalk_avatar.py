@@ -3,7 +3,9 @@
 This is our version of upstream's ``Avatar.prepare_material`` (``scripts/realtime_inference.py``),
 done once per avatar source and cached on disk:
 
-1. Read the source: one picture, or up to ``max_frames`` frames of a video resampled to ``fps``.
+1. Read the source: one picture, or up to ``max_frames`` frames of a video resampled to ``fps``,
+   and frame it (:mod:`musetalk_core.framing`; by default head and shoulders at 512x512, the
+   crop following a video's head smoothly).
 2. Find the face mesh in every frame and turn it into MuseTalk's face box, ``(x1, y1, x2, y2)``.
 3. Crop the face box, resize it to 256x256 (Lanczos) and encode the crop twice with the caller's
    VAE: once with its lower half black (the part the UNet repaints) and once whole (the
@@ -38,10 +40,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .boxes import Corners
+from .framing import check_framing, frame_pictures
 from .landmarks import FaceLandmarks, find_landmarks, track_landmarks
 from .musetalk_geometry import LowerFace, blend_mask, face_crop, masked_crop, musetalk_box
 from .types import AvatarError, NoFaceError
-from .warp_avatar import as_rgb, image_digest, normalise_size
+from .warp_avatar import as_rgb, image_digest, min_face_size, normalise_size
 
 __all__ = [
     "EncodeFn",
@@ -65,7 +68,7 @@ ProgressFn = Callable[[str, int, int], None]
 
 LATENT_SHAPE = (8, 32, 32)
 """Per frame: masked-crop latent (4 channels) then reference latent (4 channels)."""
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Bump whenever the meaning of a cached array changes, so stale caches are ignored."""
 
 _SMOOTH = 5
@@ -88,6 +91,8 @@ class MaterialSettings:
     """Most seconds of video read."""
     fps: float | None = 25.0
     """Video frames are resampled to this rate (MuseTalk is trained at 25); None keeps all."""
+    framing: str = "head"
+    """How the source is framed (:data:`musetalk_core.framing.FRAMINGS`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,6 +114,9 @@ class MuseTalkAvatar:
     """uint8 blend weights (0..255) with the shape of each frame's crop box."""
     latents: F32
     """(L, 8, 32, 32) float32 UNet input: masked-crop latent then reference latent."""
+    source_crops: F32
+    """(L, 6): the region of the source frame each frame shows and the size it was scaled to
+    (:meth:`musetalk_core.framing.Crop.as_array`)."""
     digest: str
     """SHA-256 of the source (file bytes, or pixels for an in-memory picture)."""
     settings: MaterialSettings
@@ -141,6 +149,7 @@ def prepare_musetalk_avatar(
     max_frames: int = 250,
     max_seconds: float = 10.0,
     fps: float | None = 25.0,
+    framing: str = "head",
     batch_size: int = 8,
     progress: bool | ProgressFn = False,
 ) -> MuseTalkAvatar:
@@ -150,8 +159,9 @@ def prepare_musetalk_avatar(
     (B, 256, 256, 3) uint8 RGB crops to (B, 4, 32, 32) scaled latents; it is called with
     ``2 * batch_size`` crops at a time (masked crops, then the same frames' reference crops) and
     not at all on a cache hit. ``encoder_id`` names its weights and keys the cache with the
-    source's content hash and the settings. ``progress`` shows a tqdm bar when True, or is
-    called as ``(stage, done, total)``.
+    source's content hash and the settings, ``framing`` among them (``head`` and shoulders,
+    or the ``full`` picture: :mod:`musetalk_core.framing`). ``progress`` shows a tqdm bar when
+    True, or is called as ``(stage, done, total)``.
 
     Raises :class:`AvatarError` when the source cannot be read and :class:`NoFaceError` when
     no frame shows a frontal face.
@@ -165,6 +175,7 @@ def prepare_musetalk_avatar(
         max_frames=max_frames,
         max_seconds=max_seconds,
         fps=fps,
+        framing=check_framing(framing),
     )
     picture: U8 | None = None
     path: Path | None = None
@@ -193,6 +204,9 @@ def prepare_musetalk_avatar(
     else:
         assert path is not None
         frames = _read_source(path, settings)
+    frames, framed = frame_pictures(
+        frames, settings.framing, name, fps=settings.fps, min_face=min_face_size(frames[0])
+    )
     report = _reporter(progress)
     geometry = _face_geometry(frames, name, settings, report)
     boxes = [box for box, _ in geometry]
@@ -206,6 +220,7 @@ def prepare_musetalk_avatar(
         crop_boxes=np.asarray([c for c, _ in material], np.int32),
         masks=[m for _, m in material],
         latents=latents,
+        source_crops=np.stack([c.as_array() for c in framed]),
     )
     logger.info(
         "MuseTalk avatar prepared from %s: %d frame(s) %dx%d, face box %s",
@@ -229,6 +244,7 @@ class _Unique:
     crop_boxes: I32
     masks: list[U8]
     latents: F32
+    source_crops: F32
 
     def cycle(self, digest: str, settings: MaterialSettings, *, cache_hit: bool) -> MuseTalkAvatar:
         n = len(self.frames)
@@ -241,6 +257,7 @@ class _Unique:
             crop_boxes=np.ascontiguousarray(self.crop_boxes[order]),
             masks=tuple(self.masks[i] for i in order),
             latents=np.ascontiguousarray(self.latents[order]),
+            source_crops=np.ascontiguousarray(self.source_crops[order]),
             digest=digest,
             settings=settings,
             source_frames=n,
@@ -448,6 +465,7 @@ def _save_cache(unique: _Unique, path: Path, digest: str, settings: MaterialSett
         "mask_shapes": shapes,
         "mask_data": np.concatenate([m.ravel() for m in unique.masks]),
         "latents": unique.latents,
+        "source_crops": unique.source_crops,
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -481,6 +499,7 @@ def _load_cache(path: Path, digest: str, settings: MaterialSettings) -> MuseTalk
             shapes = np.asarray(data["mask_shapes"], np.int64)
             mask_data = np.asarray(data["mask_data"], np.uint8)
             latents = np.asarray(data["latents"], np.float32)
+            source_crops = np.asarray(data["source_crops"], np.float32)
         if frames.ndim != 4 or n == 0 or frames.shape[3] != 3:
             raise ValueError(f"frames of shape {frames.shape}")
         for name, arr, shape in (
@@ -488,6 +507,7 @@ def _load_cache(path: Path, digest: str, settings: MaterialSettings) -> MuseTalk
             ("crop_boxes", crop_boxes, (n, 4)),
             ("mask_shapes", shapes, (n, 2)),
             ("latents", latents, (n, *LATENT_SHAPE)),
+            ("source_crops", source_crops, (n, 6)),
         ):
             if arr.shape != shape:
                 raise ValueError(f"{name} of shape {arr.shape}, expected {shape}")
@@ -503,7 +523,7 @@ def _load_cache(path: Path, digest: str, settings: MaterialSettings) -> MuseTalk
             mask_data[offsets[i] : offsets[i + 1]].reshape(int(shapes[i, 0]), int(shapes[i, 1]))
             for i in range(n)
         ]
-        unique = _Unique(frames, face_boxes, crop_boxes, masks, latents)
+        unique = _Unique(frames, face_boxes, crop_boxes, masks, latents, source_crops)
         return unique.cycle(digest, settings, cache_hit=True)
     except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile) as exc:
         logger.warning("ignoring unreadable MuseTalk avatar cache %s: %s", path, exc)

@@ -5,8 +5,11 @@ and from it (:mod:`musetalk_core.warp_geometry`) the crop boxes the renderer tou
 blend masks, remap grids and displacement profiles, the eyelid contours and the colours it
 paints with. The result, a :class:`WarpAvatar`, is a bag of numpy arrays that
 :mod:`musetalk_core.warp` combines per frame with a handful of cheap operations. It can be cached
-as ``.npz`` keyed by the SHA-256 of the picture, so a second start with the same picture skips
-detection.
+as ``.npz`` keyed by the SHA-256 of the picture and the framing, so a second start with the same
+picture skips detection.
+
+Before any of it the picture is framed (:mod:`musetalk_core.framing`): by default head and
+shoulders, scaled to 512x512, so the face the renderer animates is the one the caller sees.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy.typing as npt
 
 from . import warp_geometry as geometry
 from .boxes import Box
+from .framing import check_framing, frame_pictures
 from .landmarks import find_landmarks
 from .types import AvatarError, NoFaceError
 
@@ -39,6 +43,7 @@ __all__ = [
     "builtin_portrait",
     "image_digest",
     "load_portrait",
+    "min_face_size",
     "normalise_size",
     "prepare_avatar",
 ]
@@ -51,7 +56,7 @@ U8 = npt.NDArray[np.uint8]
 MAX_SIDE = 720
 """Longest side of a prepared portrait: larger pictures cost encode time and bandwidth only."""
 
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 """Bump whenever the meaning of a cached array changes, so stale caches are ignored."""
 
 _MIN_FACE_FRACTION = 1 / 12
@@ -68,7 +73,12 @@ class WarpAvatar:
     """
 
     image: U8
-    """The base portrait, uint8 RGB (H, W, 3) with even sides."""
+    """The base portrait, uint8 RGB (H, W, 3) with even sides: the source picture framed."""
+    framing: str
+    """How the source picture was framed (:data:`musetalk_core.framing.FRAMINGS`)."""
+    source_crop: F32
+    """(6,) the region of the (normalised) source picture :attr:`image` shows, ``x, y, w, h``
+    in its pixels, and the size it was scaled to (:meth:`musetalk_core.framing.Crop.as_array`)."""
     landmarks: F32
     """(468, 2) the face mesh the rest was built from, in image pixels."""
     face_box: Box
@@ -225,24 +235,31 @@ def prepare_avatar(
     *,
     cache_dir: Path | None = None,
     source: str | None = None,
+    framing: str = "head",
 ) -> WarpAvatar:
-    """Find the face mesh in ``image`` and precompute what the renderer needs.
+    """Frame ``image``, find the face mesh in it and precompute what the renderer needs.
 
     ``image`` is uint8 RGB (grey and RGBA are converted); it is scaled like
-    :func:`load_portrait` does. With ``cache_dir`` the result is stored as
-    ``warp-avatar-v<N>-<sha256>.npz`` and loaded from there next time. ``source`` names the
-    picture in error messages. Raises :class:`NoFaceError` when no frontal face is found.
+    :func:`load_portrait` does, then framed by ``framing`` (:mod:`musetalk_core.framing`:
+    ``head`` and shoulders at 512x512, or the ``full`` picture). With ``cache_dir`` the result
+    is stored as ``warp-avatar-v<N>-<framing>-<sha256>.npz`` and loaded from there next time.
+    ``source`` names the picture in error messages. Raises :class:`NoFaceError` when no
+    frontal face is found, ValueError for an unknown ``framing``.
     """
+    check_framing(framing)
     rgb = as_rgb(image)
     digest = image_digest(rgb)
     cache_path = None
     if cache_dir is not None:
-        cache_path = Path(cache_dir) / f"warp-avatar-v{CACHE_VERSION}-{digest}.npz"
-        cached = _load_cache(cache_path)
+        cache_path = Path(cache_dir) / f"warp-avatar-v{CACHE_VERSION}-{framing}-{digest}.npz"
+        cached = _load_cache(cache_path, framing)
         if cached is not None:
             logger.info("avatar loaded from cache %s", cache_path)
             return cached
-    avatar = _build(normalise_size(rgb), source or "the image")
+    picture = normalise_size(rgb)
+    name = source or "the image"
+    (framed,), (crop,) = frame_pictures([picture], framing, name, min_face=min_face_size(picture))
+    avatar = _build(framed, name, framing=framing, source_crop=crop.as_array())
     if cache_path is not None:
         _save_cache(avatar, cache_path)
     return avatar
@@ -257,10 +274,14 @@ def image_digest(rgb: U8) -> str:
     return h.hexdigest()
 
 
-def _build(img: U8, source: str) -> WarpAvatar:
+def min_face_size(img: U8) -> int:
+    """Smallest face searched for in ``img``, in pixels (both engines frame by this rule)."""
+    return max(24, int(min(img.shape[:2]) * _MIN_FACE_FRACTION))
+
+
+def _build(img: U8, source: str, *, framing: str, source_crop: F32) -> WarpAvatar:
     height, width = img.shape[:2]
-    min_side = max(24, int(min(height, width) * _MIN_FACE_FRACTION))
-    marks = find_landmarks(img, source, min_face=min_side)
+    marks = find_landmarks(img, source, min_face=min_face_size(img))
     face = geometry.face_box(marks, width, height)
     mouth_box = geometry.mouth_box(marks, width, height)
     skin = geometry.skin_colour(img, marks, face.w)
@@ -275,6 +296,8 @@ def _build(img: U8, source: str) -> WarpAvatar:
     )
     return WarpAvatar(
         image=img,
+        framing=framing,
+        source_crop=source_crop,
         landmarks=marks.points,
         face_box=face,
         mouth_box=mouth_box,
@@ -315,12 +338,12 @@ def _save_cache(avatar: WarpAvatar, path: Path) -> None:
         logger.warning("could not write avatar cache %s: %s", path, exc)
 
 
-def _load_cache(path: Path) -> WarpAvatar | None:
+def _load_cache(path: Path, framing: str) -> WarpAvatar | None:
     if not path.is_file():
         return None
     try:
         with np.load(path, allow_pickle=False) as data:
-            if int(data["_version"]) != CACHE_VERSION:
+            if int(data["_version"]) != CACHE_VERSION or str(data["framing"]) != framing:
                 return None
             values: dict[str, Any] = {}
             for f in dataclasses.fields(WarpAvatar):
@@ -331,6 +354,8 @@ def _load_cache(path: Path) -> WarpAvatar | None:
                     values[f.name] = tuple(Box(*(int(v) for v in row)) for row in arr)
                 elif f.name in _FLOAT_FIELDS:
                     values[f.name] = float(arr)
+                elif f.name == "framing":
+                    values[f.name] = str(arr)
                 else:
                     values[f.name] = np.ascontiguousarray(arr)
         return WarpAvatar(**values)

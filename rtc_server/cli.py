@@ -61,7 +61,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default="auto",
         help="auto: MuseTalk material too when its weights are present",
     )
-    add_options(prep, environ, [option("weights-dir"), option("musetalk-device")])
+    add_options(
+        prep, environ, [option("weights-dir"), option("musetalk-device"), option("framing")]
+    )
     prep.add_argument(
         "--bbox-shift", type=int, default=0, help="MuseTalk: move the half-face line down (px)"
     )
@@ -189,7 +191,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
     out = args.out or default_cache_dir() / "avatars"
     try:
-        avatar = prepare_avatar(load_portrait(args.source), cache_dir=out)
+        avatar = prepare_avatar(load_portrait(args.source), cache_dir=out, framing=args.framing)
         x, y, w, h = avatar.mouth_box
         print(f"warp: {args.source}: mouth at x={x} y={y} w={w} h={h}; cached in {out}")
         if args.engine != "warp":
@@ -222,6 +224,7 @@ def _prepare_musetalk(args: argparse.Namespace) -> int:
         device=args.musetalk_device,
         bbox_shift=args.bbox_shift,
         extra_margin=args.extra_margin,
+        framing=args.framing,
         progress=True,
     ).material
     state = "cache hit" if material.cache_hit else "prepared"

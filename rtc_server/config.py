@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musetalk_core.framing import FRAMINGS
 from musetalk_core.types import AvatarRtcError
 from signaling.access import ORIGIN, AccessPolicy, TokenSigner
 from signaling.addresses import parse_ip, parse_networks
@@ -291,6 +292,9 @@ class EngineSettings:
     """The lip-sync engine (--engine): one of ENGINES."""
     avatar: Path | None = None
     """Portrait image or video; None for the built-in avatar."""
+    framing: str = "head"
+    """What of the avatar's picture the caller sees (--framing): ``head`` and shoulders,
+    512x512, or the ``full`` picture (musetalk_core/framing.py)."""
     weights_dir: Path | None = None
     """MuseTalk weights (layout in musetalk_core.weights); None: the default cache folder."""
     musetalk_device: str = "auto"
@@ -306,6 +310,8 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if self.name not in ENGINES:
             raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {self.name!r}")
+        if self.framing not in FRAMINGS:
+            raise ConfigError(f"framing must be one of {', '.join(FRAMINGS)}")
         if not 1 <= self.musetalk_batch <= 256:
             raise ConfigError("--musetalk-batch must be 1..256")
 

@@ -59,7 +59,9 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
     image = (
         builtin_portrait() if config.engine.avatar is None else load_portrait(config.engine.avatar)
     )
-    avatar = prepare_avatar(image, cache_dir=config.server.cache_dir / "avatars")
+    avatar = prepare_avatar(
+        image, cache_dir=config.server.cache_dir / "avatars", framing=config.engine.framing
+    )
 
     # I420 frames where the size allows: the sender encodes them without converting them.
     pixels = "yuv420p" if i420_fits(avatar.frame_size) else "rgb24"
@@ -148,6 +150,7 @@ def _load_musetalk(
         cache_dir=config.server.cache_dir / "musetalk-avatars",
         device=config.engine.musetalk_device,
         compile_models=config.engine.musetalk_compile,
+        framing=config.engine.framing,
     )
     placement = loaded.placement
     runtime = loaded.runtime(

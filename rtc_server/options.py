@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from musetalk_core.framing import FRAMINGS
 from rtc_server.config import (
     CONVERSATIONS,
     END_OF_TURNS,
@@ -346,6 +347,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         field="peer_networks",
     ),
     Option("avatar", "engine", "portrait image or video (unset: the built-in avatar)", Path, None),
+    Option(
+        "framing",
+        "engine",
+        "head: head and shoulders at 512x512, the face a third to half the width; full: the "
+        "whole picture",
+        default="head",
+        choices=FRAMINGS,
+    ),
     Option(
         "engine", "engine", "the lip-sync engine", default="auto", choices=ENGINES, field="name"
     ),

@@ -100,3 +100,13 @@ def tilted() -> Face:
 
 
 ALL = (astronaut, hopper, dark, tilted)
+
+
+def framed(face: Face, source_crop: np.ndarray) -> Face:
+    """``face`` as a prepared avatar shows it: its points carried through the avatar's framing
+    (``source_crop``: :meth:`musetalk_core.framing.Crop.as_array`), tolerances with the zoom."""
+    from musetalk_core.framing import Crop
+
+    crop = Crop.from_array(source_crop)
+    points = {k: tuple(float(v) for v in crop.to_frame(p)) for k, p in face.points.items()}
+    return Face(face.name, face.image, points, face.scale * crop.zoom)

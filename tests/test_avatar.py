@@ -13,6 +13,7 @@ import pytest
 
 from musetalk_core import warp_avatar as avatar_mod
 from musetalk_core.boxes import Box, Corners
+from musetalk_core.framing import Crop
 from musetalk_core.warp_avatar import (
     AvatarError,
     NoFaceError,
@@ -38,6 +39,12 @@ def astronaut() -> WarpAvatar:
     return prepare_avatar(builtin_portrait())
 
 
+def _in_source(avatar: WarpAvatar, point: tuple[float, float]) -> tuple[float, float]:
+    """A point of the framed avatar where it lies in the picture the avatar was made from."""
+    x, y = Crop.from_array(avatar.source_crop).to_source(point)
+    return float(x), float(y)
+
+
 def test_builtin_portrait_is_rgb_512() -> None:
     img = builtin_portrait()
     assert img.shape == (512, 512, 3)
@@ -53,17 +60,30 @@ def test_astronaut_face_mouth_and_eyes_found(astronaut: WarpAvatar) -> None:
     assert mouth[1] > fy + fh / 2, "mouth in the lower half of the face"
     assert left[1] < fy + fh / 2 and right[1] < fy + fh / 2, "eyes in the upper half"
     assert left[0] < fx + fw / 2 < right[0]
-    # Where the features are in this picture (measured by eye on a zoomed crop): mouth corners
-    # at x 203..245, lips y 139..154; eye centres near (204, 100) and (247, 102).
+    # Where the features are in the built-in picture (measured by eye on a zoomed crop): mouth
+    # corners at x 203..245, lips y 139..154; eye centres near (204, 100) and (247, 102). The
+    # avatar is framed, so what it found is carried back into that picture.
+    mouth, left, right = (_in_source(astronaut, p) for p in (mouth, left, right))
     assert abs(mouth[0] - 224) < 8 and abs(mouth[1] - 146) < 8
     assert abs(left[0] - 204) < 6 and abs(left[1] - 100) < 6
     assert abs(right[0] - 247) < 6 and abs(right[1] - 102) < 6
     # The lip line sits between upper teeth and lower lip (row ~148).
-    assert 140 < astronaut.lip_y + astronaut.mouth_crop[1] < 154
+    lip = _in_source(astronaut, (0.0, astronaut.lip_y + astronaut.mouth_crop[1]))
+    assert 140 < lip[1] < 154
 
 
-def test_lip_seam_follows_the_smile(astronaut: WarpAvatar) -> None:
-    """The line where the lips part runs under the teeth and up to the raised mouth corners."""
+@pytest.fixture(scope="module")
+def astronaut_whole() -> WarpAvatar:
+    return prepare_avatar(builtin_portrait(), framing="full")
+
+
+def test_lip_seam_follows_the_smile(astronaut_whole: WarpAvatar) -> None:
+    """The line where the lips part runs under the teeth and up to the raised mouth corners.
+
+    On the whole picture, where its points were measured to the pixel; the framed avatar's lip
+    line is checked against the same points by test_lip_line_and_corners_on_every_test_face.
+    """
+    astronaut = astronaut_whole
     x0, y0 = astronaut.mouth_crop[:2]
     seam = astronaut.mouth_seam + y0
     u = astronaut.mouth_u
@@ -87,12 +107,13 @@ def test_detection_follows_the_face_when_moved_and_scaled(astronaut: WarpAvatar)
     canvas = np.full((480, 700, 3), 200, np.uint8)
     canvas[dy : dy + small.shape[0], dx : dx + small.shape[1]] = small
     moved = prepare_avatar(canvas)
-    mx, my = _centre(moved.mouth_box)
-    ox, oy = _centre(astronaut.mouth_box)
+    # Both are framed: compared where their features lie in the pictures they were made from.
+    mx, my = _in_source(moved, _centre(moved.mouth_box))
+    ox, oy = _in_source(astronaut, _centre(astronaut.mouth_box))
     assert abs(mx - (ox * scale + dx)) < 6 and abs(my - (oy * scale + dy)) < 6
     for new, old in zip(moved.eye_boxes, astronaut.eye_boxes, strict=True):
-        nx, ny = _centre(new)
-        ex, ey = _centre(old)
+        nx, ny = _in_source(moved, _centre(new))
+        ex, ey = _in_source(astronaut, _centre(old))
         assert abs(nx - (ex * scale + dx)) < 5 and abs(ny - (ey * scale + dy)) < 5
 
 
@@ -220,7 +241,8 @@ def test_prepare_astronaut_from_file_matches_builtin(tmp_path: Path, astronaut: 
 @pytest.fixture(scope="module", params=faces.ALL, ids=lambda f: f.__name__)
 def face(request: pytest.FixtureRequest) -> tuple[faces.Face, WarpAvatar]:
     made: faces.Face = request.param()
-    return made, prepare_avatar(made.image, source=made.name)
+    avatar = prepare_avatar(made.image, source=made.name)
+    return faces.framed(made, avatar.source_crop), avatar
 
 
 def _tolerance(avatar: WarpAvatar) -> float:

@@ -42,6 +42,17 @@ def test_bench_encode(tmp_path: Path) -> None:
         assert 25 < r["psnr_db"] < 99  # decoded frames really compared with the source
 
 
+def test_bench_encode_compares_the_framings(tmp_path: Path) -> None:
+    results = _run(tmp_path, "encode", "--frames", "30", "--rounds", "1", "--framing", "both")
+    rows = {(r["framing"], r["codec"]): r for r in results}
+    assert set(rows) == {(f, c) for f in ("full", "head") for c in ("h264-ours", "h264-ours-i420")}
+    for (framing, _), r in rows.items():
+        assert r["size"] == "512x512" and r["frames"] == 30 and r["kbps"] > 0
+        assert 25 < r["psnr_db"] < 99
+        # Measured by a face mesh in the encoded clip's own frames.
+        assert (1 / 3 <= r["face_fraction"] <= 1 / 2) == (framing == "head"), r
+
+
 def test_bench_engine(tmp_path: Path) -> None:
     r = _run(tmp_path, "engine", "--frames", "20")
     assert r["engine"] == "warp" and r["speaking_ms"]["n"] == 20 and r["idle_ms"]["n"] == 20

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.analysis import AUDIO_FRAME_SAMPLES, lip_sync, pcm_by_rtp_time
 from benchmarks.client import CallClient
+from musetalk_core.framing import face_fraction
 from rtc_server.media.resample import resample_int16
 from tests.conftest import LiveServer
 from tests.waiting import holds_within, wait_for_video
@@ -109,6 +110,13 @@ async def test_say_over_a_real_call(live_server: LiveServer, whisper) -> None:  
     missing = [w for w in said if w not in heard]
     print("heard:", " ".join(heard), f"({lost} audio packets lost)")
     assert len(missing) <= 2, f"heard {heard}; {lost} audio packets lost on the way"
+
+    # The caller sees the framed avatar (head and shoulders, the default): the face spans a
+    # third to a half of the decoded frame's width, by a face mesh found in it.
+    seen = video[len(video) // 2][2]
+    fraction = face_fraction(seen)
+    print(f"face: {fraction:.3f} of the {seen.shape[1]}x{seen.shape[0]} frame's width")
+    assert seen.shape[:2] == (512, 512) and 1 / 3 <= fraction <= 1 / 2
 
     # The mouth follows the audio: motion against envelope change, best lag within ±40 ms.
     box = live_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]

@@ -109,8 +109,9 @@ def test_the_renderer_in_i420_is_its_rgb_render_converted(avatar: WarpAvatar) ->
 async def test_the_engine_yields_i420_that_the_encoder_takes_as_it_is(avatar: WarpAvatar) -> None:
     with pytest.raises(ValueError, match="pixel_format"):
         WarpEngine(avatar, pixel_format="bgr24")
-    # PyAV reads an I420 array's height as rows // 6 * 4: such pictures stay RGB.
-    odd = prepare_avatar(builtin_portrait()[:510])
+    # PyAV reads an I420 array's height as rows // 6 * 4: such pictures stay RGB (framed
+    # avatars are 512x512; a whole picture keeps its own size).
+    odd = prepare_avatar(builtin_portrait()[:510], framing="full")
     assert odd.frame_size == (512, 510) and not i420_fits(odd.frame_size)
     with pytest.raises(ValueError, match="multiple of 4"):
         WarpEngine(odd, pixel_format="yuv420p")

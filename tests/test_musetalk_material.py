@@ -17,6 +17,7 @@ import torch
 from musetalk_core import landmarks as lm
 from musetalk_core import musetalk_avatar as material_mod
 from musetalk_core.blending import blend_crop, blend_crop_torch, blend_full_frame, time_blends
+from musetalk_core.framing import Crop
 from musetalk_core.landmarks import CHIN, JAW_68, NOSE_MID, FaceLandmarks, find_landmarks
 from musetalk_core.musetalk_avatar import MaterialSettings, MuseTalkAvatar, prepare_musetalk_avatar
 from musetalk_core.musetalk_geometry import (
@@ -260,7 +261,8 @@ def test_face_crop_and_masked_crop() -> None:
 def test_still_picture_material(still: MuseTalkAvatar) -> None:
     assert len(still) == 1 and still.source_frames == 1 and not still.cache_hit
     assert still.frame_size == (512, 512)
-    marks = find_landmarks(builtin_portrait())
+    # The material is made in the framed picture (head and shoulders), from its own mesh.
+    marks = find_landmarks(still.frames[0])
     box = musetalk_box(marks, (512, 512))
     assert tuple(still.face_boxes[0]) == box
     crop, mask = blend_mask(box, (512, 512), LowerFace.from_landmarks(marks))
@@ -330,17 +332,21 @@ def test_video_plays_as_a_ping_pong_cycle(tmp_path: Path) -> None:
     _write_video(path, [_shifted(_portrait_crop(), 3 * k) for k in range(n)])
     avatar = prepare_musetalk_avatar(path, FakeEncoder(), encoder_id="fake")
     assert avatar.source_frames == n and len(avatar) == 2 * n
-    assert avatar.frame_size == (320, 320)
+    assert avatar.frame_size == (512, 512), "framed head and shoulders"
     for i in range(n):
         j = 2 * n - 1 - i
         assert avatar.frames[i] is avatar.frames[j] and avatar.masks[i] is avatar.masks[j]
         assert np.array_equal(avatar.face_boxes[i], avatar.face_boxes[j])
         assert np.array_equal(avatar.crop_boxes[i], avatar.crop_boxes[j])
         assert np.array_equal(avatar.latents[i], avatar.latents[j])
+        assert np.array_equal(avatar.source_crops[i], avatar.source_crops[j])
     assert len(avatar.latents) == len(avatar.face_boxes) == len(avatar.masks) == 2 * n
-    # The face moves 3 px a frame to the right; the (smoothed) boxes follow it.
-    xs = avatar.face_boxes[:n, 0]
-    assert (np.diff(xs) >= 0).all() and 8 <= xs[-1] - xs[0] <= 22
+    # The face moves 3 px a frame to the right; the (smoothed) boxes follow it, where they lie
+    # in the video (the framing's crop follows the head too, more slowly).
+    crops = [Crop.from_array(c) for c in avatar.source_crops[:n]]
+    xs = np.asarray([c.to_source(b[:2])[0] for c, b in zip(crops, avatar.face_boxes, strict=False)])
+    assert (np.diff(xs) >= 0).all() and 8 <= xs[-1] - xs[0] <= 22, xs
+    assert all(c.x >= 0 and c.x + c.w <= 320 for c in crops)
     assert not np.array_equal(avatar.latents[0], avatar.latents[n - 1])
 
 

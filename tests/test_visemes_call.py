@@ -120,9 +120,14 @@ async def test_received_lips_close_for_bilabials_and_open_for_open_vowels(
         found = lm.find_landmarks(image)
         return float(found.xy(14)[1] - found.xy(13)[1])
 
+    # The caller sees the portrait framed (head and shoulders, musetalk_core/framing.py): gaps
+    # are measured in the frames and given in the portrait's own pixels, where the limits
+    # below were set, through the ratio of the two faces' sizes (eye distance).
+    zoom = lm.find_landmarks(video[0][2]).eye_distance / lm.find_landmarks(picture).eye_distance
+
     def gap_of(k: int) -> float:
         if k not in gaps:
-            gaps[k] = gap(video[k][2])
+            gaps[k] = gap(video[k][2]) / zoom
         return gaps[k]
 
     rest = gap(picture)
@@ -140,7 +145,8 @@ async def test_received_lips_close_for_bilabials_and_open_for_open_vowels(
     sealed = int(sum(g < 2.5 for g in closed))
     apart = int(sum(g >= 3.5 for g in opened))
     print(
-        f"rest gap {rest:.1f} px, shift {shift:+d} ms: sealed at {sealed}/{len(closed)} "
+        f"rest gap {rest:.1f} px, framed x{zoom:.2f}, shift {shift:+d} ms: sealed at "
+        f"{sealed}/{len(closed)} "
         f"bilabials, open at {apart}/{len(opened)} open vowels"
     )
     assert len(closed) >= 18 and len(opened) >= 12

@@ -97,6 +97,8 @@ class EngineProcesses:
             engine.device,
             "--batch",
             str(e.musetalk_batch),
+            "--framing",
+            e.framing,
         ]
         if e.avatar is not None:
             args += ["--avatar", str(e.avatar)]
