@@ -94,7 +94,7 @@ async def speech_split(
     ``after_words`` words: the parts of a caller who stops mid-sentence, with the sentence's own
     prosody (the first words spoken alone would end as a finished sentence does).
 
-    The cut falls in the middle of the word gap the voice's phoneme timing gives; each part
+    The cut falls where the word gap the voice's phoneme timing gives begins; each part
     fades over 5 ms at the cut (no click).
     """
     tts = PiperTTS.load(deterministic=True)
@@ -106,7 +106,7 @@ async def speech_split(
     if not 0 < after_words <= len(gaps):
         raise ValueError(f"{text!r} has no gap after word {after_words}")
     gap = gaps[after_words - 1]
-    cut = round((gap.start + gap.end) / 2 * chunk.sample_rate)
+    cut = round(gap.start * chunk.sample_rate)
     fade = np.linspace(1.0, 0.0, chunk.sample_rate // 200)
     first = chunk.pcm[:cut].astype(np.float32)
     second = chunk.pcm[cut:].astype(np.float32)
