@@ -15,7 +15,9 @@ the caller receives is the first reply audio in both. One caller per server asks
 Piper-spoken questions, the two calls taking turns, so a busy machine weighs on both alike.
 Figures per mode, by packet arrival at the caller: end of voiced speech to the first reply
 audio; the service time in it (hops x delay); the VAD's hang-over (silence it waits for before
-it ends a turn); and what is left, our side: VAD decision, uploads, sentence splitting,
+it ends a turn: fixed here, the end-of-turn model and speculative replies off, so both modes
+wait the same and the rest can be told apart; ``bench turn-taking`` measures those); and what
+is left, our side: VAD decision, uploads, sentence splitting,
 resampling, the lip-sync engine's start, encoding, packetization and the loopback network.
 """
 
@@ -90,7 +92,13 @@ async def _measure(turns: int, delay_ms: float, hangover_ms: int) -> dict[str, A
                 },
             ),
         ):
-            url, runner, factory = await _server(factory, vad_hangover_ms=hangover_ms, **settings)
+            url, runner, factory = await _server(
+                factory,
+                vad_hangover_ms=hangover_ms,
+                end_of_turn="off",
+                speculate=False,
+                **settings,
+            )
             stack.push_async_callback(runner.cleanup)
             urls[mode] = url
         callers = {}
