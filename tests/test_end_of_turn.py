@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.clip import speech_pcm
+from benchmarks.clip import speech_pcm, speech_split
 from rtc_server.config import ConfigError
 from rtc_server.end_of_turn import (
     SAMPLE_RATE,
@@ -41,11 +41,23 @@ def test_a_finished_question_is_judged_finished(model: SmartTurnModel, text: str
     assert model.probability(_speech(text)) > 0.8
 
 
-@pytest.mark.parametrize("text", ["I would like to", "My name is Sam and I"])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("I would like to know more about the history of this city.", 4),
+        ("I was wondering if you could help me with my homework.", 4),
+    ],
+)
 def test_words_that_stop_mid_sentence_are_judged_unfinished(
-    model: SmartTurnModel, text: str
+    model: SmartTurnModel, text: str, words: int
 ) -> None:
-    assert model.probability(_speech(text)) < 0.3
+    # The sentence spoken in one breath and broken off ("I would like to"), as a caller who
+    # stops mid-sentence sounds (0.01 for both). The same words synthesized as a sentence of
+    # their own end with a finished sentence's fall: "I would like to" so scored under 0.3 on
+    # the machine this test was written on and 0.66 on an AVX512-VNNI EPYC (onnxruntime's int8
+    # kernels differ by CPU), a judgement the model cannot be asked to make.
+    first, _ = asyncio.run(speech_split(text, words, SAMPLE_RATE))
+    assert model.probability(first) < 0.3
 
 
 def test_the_features_are_whispers_log_mel_of_the_last_eight_seconds() -> None:
