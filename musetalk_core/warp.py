@@ -187,6 +187,8 @@ class WarpRenderer:
         # remap reads from its own contiguous copy; slices of the full image would be strided.
         self._mouth_src = np.ascontiguousarray(avatar.image[y : y + h, x : x + w])
         self._mouth_mask3 = avatar.mouth_mask[:, :, None]
+        self._mouth_weight = np.ascontiguousarray(avatar.mouth_mask, np.float32)
+        self._bg_weight = np.ascontiguousarray(1.0 - avatar.mouth_mask, np.float32)
         rows = np.arange(h, dtype=np.float32)
         self._rows = rows[:, None]
         self._map_y = np.empty((h, w), np.float32)
@@ -383,21 +385,26 @@ class WarpRenderer:
             map_x += a.mouth_grid_x
         warped = np.asarray(
             cv2.remap(src, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE),
-            np.float32,
+            np.uint8,
         )
         cols = f.cols
         if cols.stop > cols.start:
             seam = a.mouth_seam[cols]
             top = seam - o * f.top_raise[cols]
             bottom = seam + o * f.bottom_drop[cols]
-            # Only the rows the opening and its lip shadow can reach.
+            # Only the rows the opening and its lip shadow can reach are painted, in float.
             r0 = max(0, int(top.min()) - 2)
             r1 = min(warped.shape[0], int(bottom.max()) + 5)
             if r1 > r0:
-                self._paint_opening(warped[r0:r1, cols], self._rows[r0:r1], top, bottom, f, o)
+                block = warped[r0:r1, cols]
+                px = block.astype(np.float32)
+                self._paint_opening(px, self._rows[r0:r1], top, bottom, f, o)
+                np.clip(px + 0.5, 0.0, 255.0, out=px)
+                block[...] = px
+        # The warped crop over the picture through the feathered mask, in one pass: uint8 in
+        # and out, each pixel rounded once (outside the mask the picture stays exact).
         region = out[self._mouth_at]
-        bg = region.astype(np.float32)
-        region[...] = (bg + self._mouth_mask3 * (warped - bg) + 0.5).astype(np.uint8)
+        region[...] = cv2.blendLinear(warped, region, self._mouth_weight, self._bg_weight)
 
     def _paint_opening(
         self, px: F32, rows: F32, top: F32, bottom: F32, f: _MouthFields, o: float
