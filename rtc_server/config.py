@@ -362,8 +362,9 @@ class ConversationSettings:
     turn ends after ``complete_hangover_ms`` or ``incomplete_hangover_ms`` of silence; ``off``:
     after ``vad_hangover_ms``; ``auto``: the model when it is installed
     (rtc_server/end_of_turn.py)."""
-    complete_hangover_ms: int = 200
-    """Silence that ends a turn the end-of-turn model judges finished."""
+    complete_hangover_ms: int = 300
+    """Silence that ends a turn the end-of-turn model judges finished: longer than a pause at
+    a comma after a finished clause (docs/DECISIONS.md, "A semantic end of turn")."""
     incomplete_hangover_ms: int = 1200
     """Silence that ends a turn the end-of-turn model judges unfinished."""
     speculate: bool = True

@@ -50,7 +50,7 @@ _N_MELS = 80
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EndOfTurnParams:
-    complete_hangover_ms: int = 200
+    complete_hangover_ms: int = 300
     """Silence that ends a turn the model judges finished."""
     incomplete_hangover_ms: int = 1200
     """Silence that ends a turn the model judges unfinished (the caller may go on)."""

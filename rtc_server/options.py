@@ -450,7 +450,7 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "conversation",
         "silence that ends a turn the end-of-turn model judges finished",
         int,
-        200,
+        300,
     ),
     Option(
         "incomplete-hangover-ms",

@@ -97,3 +97,35 @@ def test_the_hang_overs_are_validated() -> None:
         EndOfTurnParams(complete_hangover_ms=800, incomplete_hangover_ms=400)
     with pytest.raises(ValueError):
         EndOfTurnParams(threshold=1.0)
+
+
+def test_a_finished_turns_hang_over_outlasts_a_pause_at_a_comma(model: SmartTurnModel) -> None:
+    # "... the city of Paris, its bridges, ...": the voice pauses 224 ms at the comma after a
+    # finished clause, and the model judges the words so far finished. Even when its verdict
+    # comes at once, the default finished-turn hang-over must not end the turn there.
+    from rtc_server.vad import SileroModel, SpeechEnd, SpeechPause, VADParams, VADStream
+
+    text = (
+        "Please tell me everything you know about the history of the city of Paris, "
+        "its bridges, its museums and its famous tower."
+    )
+    speech = _speech(text)
+    pcm = np.concatenate([np.zeros(SAMPLE_RATE // 2, np.int16), speech, np.zeros(SAMPLE_RATE)])
+
+    def turns(hangover_ms: int) -> tuple[list[float], list[float]]:
+        vad = VADStream(SileroModel.shared(), VADParams(hangover_ms=5000))
+        ends, verdicts = [], []
+        for i in range(0, len(pcm), 320):
+            for event in vad.feed(pcm[i : i + 320]):
+                if isinstance(event, SpeechPause):
+                    verdicts.append(model.probability(event.audio))
+                    vad.end_pause_after(hangover_ms if verdicts[-1] >= 0.5 else 1200)
+                elif isinstance(event, SpeechEnd):
+                    ends.append(event.at)
+        return ends, verdicts
+
+    ends, verdicts = turns(EndOfTurnParams().complete_hangover_ms)
+    assert len(ends) == 1 and ends[0] > len(speech) / SAMPLE_RATE  # one turn, ended at the end
+    assert sum(p >= 0.5 for p in verdicts) >= 2  # the comma's pause was judged finished too
+    early, _ = turns(200)
+    assert len(early) == 2  # the 200 ms of the first version ended the turn at the comma
