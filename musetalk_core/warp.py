@@ -186,7 +186,6 @@ class WarpRenderer:
         self._mouth_at = (slice(y, y + h), slice(x, x + w))
         # remap reads from its own contiguous copy; slices of the full image would be strided.
         self._mouth_src = np.ascontiguousarray(avatar.image[y : y + h, x : x + w])
-        self._mouth_mask3 = avatar.mouth_mask[:, :, None]
         self._mouth_weight = np.ascontiguousarray(avatar.mouth_mask, np.float32)
         self._bg_weight = np.ascontiguousarray(1.0 - avatar.mouth_mask, np.float32)
         rows = np.arange(h, dtype=np.float32)
@@ -299,9 +298,7 @@ class WarpRenderer:
         if o >= 1.0 / 256:
             self._draw_mouth(out, o, level, src)
         elif src is not self._mouth_src:
-            region = out[self._mouth_at]
-            bg = region.astype(np.float32)
-            region[...] = (bg + self._mouth_mask3 * (src - bg) + 0.5).astype(np.uint8)
+            self._blend_mouth(out, src)
         blink = self._blinks.amount(t)
         if blink > 0.0:
             self._draw_lids(out, blink)
@@ -401,10 +398,13 @@ class WarpRenderer:
                 self._paint_opening(px, self._rows[r0:r1], top, bottom, f, o)
                 np.clip(px + 0.5, 0.0, 255.0, out=px)
                 block[...] = px
-        # The warped crop over the picture through the feathered mask, in one pass: uint8 in
-        # and out, each pixel rounded once (outside the mask the picture stays exact).
+        self._blend_mouth(out, warped)
+
+    def _blend_mouth(self, out: U8, crop: U8) -> None:
+        """Lay a mouth crop over ``out`` through the feathered mask, in one pass: uint8 in and
+        out, each pixel rounded once (outside the mask the picture stays exact)."""
         region = out[self._mouth_at]
-        region[...] = cv2.blendLinear(warped, region, self._mouth_weight, self._bg_weight)
+        region[...] = cv2.blendLinear(crop, region, self._mouth_weight, self._bg_weight)
 
     def _paint_opening(
         self, px: F32, rows: F32, top: F32, bottom: F32, f: _MouthFields, o: float

@@ -63,6 +63,11 @@ class EndOfTurnParams:
         if not 0 < self.threshold < 1:
             raise ValueError("the end-of-turn threshold must be in (0, 1)")
 
+    def hangover_ms(self, probability: float) -> int:
+        """The hang-over of a pause the model scored ``probability`` (of a finished turn)."""
+        finished = probability >= self.threshold
+        return self.complete_hangover_ms if finished else self.incomplete_hangover_ms
+
 
 def smart_turn_model_path() -> Path:
     """The model file inside the installed ``pipecat-ai`` package (its code never imported)."""

@@ -349,11 +349,8 @@ class TurnController:
             # thread would still be busy with them when the real end of the turn comes).
             await asyncio.sleep(JUDGE_AFTER_S)
             probability, self.judged_ms = await judge_pause(model, audio)
-            finished = probability >= params.threshold
             self.log.debug("end of turn: p=%.2f in %.0f ms", probability, self.judged_ms)
-            vad.end_pause_after(
-                params.complete_hangover_ms if finished else params.incomplete_hangover_ms
-            )
+            vad.end_pause_after(params.hangover_ms(probability))
 
         self._judging = self.tasks.spawn(judge(), "end-of-turn")
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 
 import numpy as np
 import pytest
 
 from benchmarks.clip import speech_pcm, speech_split
-from rtc_server.config import ConfigError
+from rtc_server.config import ConfigError, ConversationSettings
 from rtc_server.end_of_turn import (
     SAMPLE_RATE,
     WINDOW_S,
@@ -112,20 +113,25 @@ def test_a_finished_turns_hang_over_outlasts_a_pause_at_a_comma(model: SmartTurn
     speech = _speech(text)
     pcm = np.concatenate([np.zeros(SAMPLE_RATE // 2, np.int16), speech, np.zeros(SAMPLE_RATE)])
 
-    def turns(hangover_ms: int) -> tuple[list[float], list[float]]:
+    def turns(params: EndOfTurnParams) -> tuple[list[float], list[float]]:
         vad = VADStream(SileroModel.shared(), VADParams(hangover_ms=5000))
         ends, verdicts = [], []
         for i in range(0, len(pcm), 320):
             for event in vad.feed(pcm[i : i + 320]):
                 if isinstance(event, SpeechPause):
                     verdicts.append(model.probability(event.audio))
-                    vad.end_pause_after(hangover_ms if verdicts[-1] >= 0.5 else 1200)
+                    vad.end_pause_after(params.hangover_ms(verdicts[-1]))
                 elif isinstance(event, SpeechEnd):
                     ends.append(event.at)
         return ends, verdicts
 
-    ends, verdicts = turns(EndOfTurnParams().complete_hangover_ms)
+    defaults = ConversationSettings()  # what the server runs with
+    params = EndOfTurnParams(
+        complete_hangover_ms=defaults.complete_hangover_ms,
+        incomplete_hangover_ms=defaults.incomplete_hangover_ms,
+    )
+    ends, verdicts = turns(params)
     assert len(ends) == 1 and ends[0] > len(speech) / SAMPLE_RATE  # one turn, ended at the end
-    assert sum(p >= 0.5 for p in verdicts) >= 2  # the comma's pause was judged finished too
-    early, _ = turns(200)
+    assert sum(p >= params.threshold for p in verdicts) >= 2  # the comma's pause: finished too
+    early, _ = turns(dataclasses.replace(params, complete_hangover_ms=200))
     assert len(early) == 2  # the 200 ms of the first version ended the turn at the comma
