@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -269,6 +270,7 @@ def summarize_step(
     sent: list[np.ndarray] | None = None,
     server_late: dict[str, int] | None = None,
     client_lags_ms: list[float] | None = None,
+    server_delay_ms: dict[str, float | int | None] | None = None,
 ) -> dict[str, Any]:
     """One row of the table: per-call figures, the step's worst, and whether it was smooth.
 
@@ -276,7 +278,8 @@ def summarize_step(
     network and the caller's own machine); ``sent`` their RTP intervals, which only the server
     decides (a frame it skipped is a gap of two frames whenever it arrives). ``server_late``:
     the server's own count of instants it held or dropped during the step; ``client_lags_ms``
-    how late the callers' own event loop woke during the turns.
+    how late the callers' own event loop woke during the turns; ``server_delay_ms`` how long
+    after their instants the server's video frames left, by its own histogram.
     """
     sent = sent if sent is not None else [np.zeros(0) for _ in intervals]
     lag = summary(client_lags_ms or [])
@@ -319,6 +322,7 @@ def summarize_step(
         },
         "frames_skipped": sum(c["frames_skipped"] for c in callers),
         "server_frames_late": server_late,
+        "server_video_delay_ms": server_delay_ms,
         "client_loop_lag_ms": {"p99": lag.get("p99"), "max": lag.get("max")},
         "audio_holes": hole_count,
         "stretch_ms": summary(stretches),
@@ -330,25 +334,65 @@ def summarize_step(
     }
 
 
-async def server_late_counts(url: str) -> dict[str, int] | None:
-    """The server's ``avatar_rtc_video_frames_late_total`` by reason, from its /metrics (all
-    its workers); None when it cannot be read."""
-    prefix = "avatar_rtc_video_frames_late_total{"
+async def server_metrics(url: str) -> str | None:
+    """The server's /metrics text (all its workers); None when it cannot be read."""
     try:
         async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
-            if resp.status != 200:
-                return None
-            text = await resp.text()
+            return await resp.text() if resp.status == 200 else None
     except aiohttp.ClientError:
         return None
-    counts = {"held": 0, "dropped": 0}
+
+
+def _samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:
+    """Each sample of metric ``name`` in a /metrics text: its labels and value."""
     for line in text.splitlines():
-        if line.startswith(prefix):
-            labels, _, value = line[len(prefix) :].partition("} ")
-            reason = labels.partition('reason="')[2].partition('"')[0]
-            if reason in counts:
-                counts[reason] += int(float(value))
+        if line.startswith(name + "{"):
+            labels, _, value = line[len(name) + 1 :].partition("} ")
+            pairs = (item.partition("=") for item in labels.split(","))
+            yield {k: v.strip('"') for k, _, v in pairs}, float(value)
+
+
+def server_late_counts(text: str | None) -> dict[str, int] | None:
+    """``avatar_rtc_video_frames_late_total`` by reason (None without a text)."""
+    if text is None:
+        return None
+    counts = {"held": 0, "dropped": 0}
+    for labels, value in _samples(text, "avatar_rtc_video_frames_late_total"):
+        if labels.get("reason") in counts:
+            counts[labels["reason"]] += int(value)
     return counts
+
+
+def server_delay_buckets(text: str | None, kind: str = "video") -> dict[float, float] | None:
+    """``avatar_rtc_frame_send_delay_seconds`` of ``kind``: cumulative count by bucket bound
+    (s), summed over workers; None without a text."""
+    if text is None:
+        return None
+    buckets: dict[float, float] = {}
+    for labels, value in _samples(text, "avatar_rtc_frame_send_delay_seconds_bucket"):
+        if labels.get("kind") == kind:
+            bound = float(labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + value
+    return buckets
+
+
+def delay_summary(
+    before: dict[float, float] | None, after: dict[float, float] | None
+) -> dict[str, float | int | None] | None:
+    """The frames that left during the step: how many, and the bucket bounds (ms) their
+    median and 99th percentile fell under (None past the last bound)."""
+    if before is None or after is None or not after:
+        return None
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1]
+    out: dict[str, float | int | None] = {"frames": int(total), "p50": None, "p99": None}
+    for q, key in ((0.5, "p50"), (0.99, "p99")):
+        for bound, count in zip(bounds, counts, strict=True):
+            if total and count >= q * total:
+                out[key] = None if bound == float("inf") else bound * 1000
+                break
+    return out
 
 
 def _late_delta(
@@ -373,7 +417,7 @@ async def _step(
         client.received.video.clear()
     started = time.monotonic()
     client_cpu = time.process_time()
-    late_before = await server_late_counts(url)
+    metrics_before = await server_metrics(url)
     idle0 = usage(pid) if pid else None
     await asyncio.sleep(s.idle_s)
     idle1 = usage(pid) if pid else None
@@ -405,7 +449,9 @@ async def _step(
         frames = [(t, rtp) for t, rtp, _ in c.received.video if lo <= t <= hi]
         intervals.append(np.diff([t for t, _ in frames]) * 1000)
         sent.append(np.diff(np.array([r for _, r in frames], np.int64)) * 1000 / VIDEO_CLOCK_HZ)
-    late = _late_delta(late_before, await server_late_counts(url))
+    metrics_after = await server_metrics(url)
+    late = _late_delta(server_late_counts(metrics_before), server_late_counts(metrics_after))
+    delay = delay_summary(server_delay_buckets(metrics_before), server_delay_buckets(metrics_after))
     cpu: dict[str, float | None] = {
         "server_cpu_idle_pct_per_call": None,
         "server_cpu_speaking_pct_per_call": None,
@@ -429,7 +475,7 @@ async def _step(
     for (client, _), a in zip(callers, answers, strict=True):
         if a.failed:
             await _settle(client)
-    return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags)
+    return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delay)
 
 
 def _line(step: dict[str, Any]) -> str:
@@ -441,7 +487,9 @@ def _line(step: dict[str, Any]) -> str:
         f"{step['calls']} call(s): {step['failed_calls']} failed, frame interval p99 "
         f"{f(iv['p99'])} max {f(iv['max'])} ms (sent p99 {f(step['sent_interval_ms']['p99'])}, "
         f"{step['frames_skipped']} skipped; callers' loop lag p99 "
-        f"{f(step['client_loop_lag_ms']['p99'])}), {step['audio_holes']} hole(s), reply max "
+        f"{f(step['client_loop_lag_ms']['p99'])}; server's frames out p99 <= "
+        f"{f((step.get('server_video_delay_ms') or {}).get('p99'))} ms late), "
+        f"{step['audio_holes']} hole(s), reply max "
         f"{f(step['latency_ms'].get('max'))} ms, server CPU/call idle "
         f"{f(step['server_cpu_idle_pct_per_call'], '.1f')} % speaking "
         f"{f(step['server_cpu_speaking_pct_per_call'], '.1f')} %"

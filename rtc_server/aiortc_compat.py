@@ -5,7 +5,8 @@ at import (:data:`TESTED`): another aiortc or aioice stops the server at start w
 not a call in the middle. ``tests/test_media_units.py`` pins that they still behave as assumed.
 
 What is changed per peer connection, sender or receiver: the reply's encoder and its encoded
-frames, the microphone's jitter buffer, the benchmarks' packet timing and undecoded video.
+frames, when the video's encoded frames leave (:func:`send_at_media_time`), the microphone's
+jitter buffer, the benchmarks' packet timing and undecoded video.
 What is read: the candidate pair ICE nominated (:func:`selected_candidate_pair`). What is
 rewritten: the sender reports' NTP times, from the call's clock (:func:`stamp_sender_reports`).
 What is process-wide, because aioice has no per-connection hook: the host addresses ICE
@@ -75,6 +76,7 @@ __all__ = [
     "stop_decoding",
     "wrap_rtp_handler",
     "samples_level_dbov",
+    "send_at_media_time",
     "send_encoded_audio",
     "set_receiver_jitter_buffer",
     "set_sender_encoder",
@@ -209,6 +211,30 @@ def send_encoded_audio(
     sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]
 
 
+def send_at_media_time(
+    sender: RTCRtpSender, clock_rate: int, sleep_until: Callable[[float], Awaitable[None]]
+) -> None:
+    """Have ``sender`` send each encoded frame at its media instant, not as soon as encoded.
+
+    aiortc's sender takes a frame from its track, encodes it on an executor thread and sends
+    the packets the moment the encode returns, so every frame leaves the encode's time (and two
+    thread hand-offs) after it was taken: 5-15 ms, unevenly, on a busy server. A track that
+    hands its frames over ahead of their instants (``AvatarVideoTrack``, by the scheduler's
+    ``video_lead_s``) has them encoded meanwhile, and here each waits for its instant on the
+    call's clock (``sleep_until(media seconds)``; a frame's RTP time without aiortc's random
+    origin is its media time). A frame encoded after its instant goes at once, as before.
+    """
+    next_frame = sender._next_encoded_frame
+
+    async def next_encoded_frame(codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
+        frame = await next_frame(codec)
+        if frame is not None:
+            await sleep_until(frame.timestamp / clock_rate)
+        return frame
+
+    sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]
+
+
 NTP_EPOCH_OFFSET_S = 2_208_988_800
 """Seconds from 1900 (NTP's epoch) to 1970 (Unix's)."""
 
@@ -219,7 +245,10 @@ def ntp_timestamp(unix_s: float) -> int:
 
 
 def stamp_sender_reports(
-    sender: RTCRtpSender, clock_rate: int, wall_time_of: Callable[[float], float]
+    sender: RTCRtpSender,
+    clock_rate: int,
+    wall_time_of: Callable[[float], float],
+    on_frame_out: Callable[[float], None] | None = None,
 ) -> None:
     """Have ``sender``'s RTCP sender reports map RTP time to the media instant it belongs to.
 
@@ -234,6 +263,9 @@ def stamp_sender_reports(
     out then, not 0.5-1.5 s later as aiortc's loop would: a receiver can line the streams up from
     the first second. Each report's LSR is remembered as sent, so round-trip times from the
     receiver's reports still count.
+
+    ``on_frame_out(media seconds)`` is told each frame's media instant as the sender takes it
+    to send (its packets leave before the sender asks for the next).
     """
     origin: list[int] = []
     given: list[int] = []
@@ -247,8 +279,11 @@ def stamp_sender_reports(
             sent = sender._RTCRtpSender__rtp_timestamp  # type: ignore[attr-defined]
             await send_reports([_first_report(sender, sent)])
         frame = await next_frame(codec)
-        if frame is not None and not origin:
-            given[:] = [frame.timestamp]
+        if frame is not None:
+            if not origin:
+                given[:] = [frame.timestamp]
+            if on_frame_out is not None:  # a frame's own time is its media time (no origin)
+                on_frame_out(frame.timestamp / clock_rate)
         return frame
 
     async def send_reports(packets: list[Any]) -> None:

@@ -17,6 +17,7 @@ from musetalk_core.types import LipSyncEngine
 from rtc_server.aiortc_compat import (
     negotiated_codec,
     restrict_host_addresses,
+    send_at_media_time,
     send_encoded_audio,
     set_sender_encoder,
     stamp_sender_reports,
@@ -29,6 +30,7 @@ from rtc_server.engine_factory import EngineFactory, load_engine_factory
 from rtc_server.headroom import Headroom, HeadroomSettings
 from rtc_server.ice import IceServers, announce_address
 from rtc_server.internal_site import add_internal_routes
+from rtc_server.media.clock import VIDEO_RATE
 from rtc_server.media.h264 import TunedH264Encoder
 from rtc_server.media.inbound import low_latency_audio
 from rtc_server.media.opus import ReplyOpusEncoder
@@ -205,6 +207,7 @@ class SessionManager:
                 0.0 if self.engine_factory.name == "sync-test" else self.config.media.still_repeat_s
             ),
             audio_start_s=self.config.media.audio_start_s,
+            video_lead_s=self.config.media.video_lead_s,
         )
         if self.engine_factory.notice:
             session.notices.append(("engine_fallback", self.engine_factory.notice))
@@ -232,6 +235,8 @@ class SessionManager:
             # The video transceiver must exist before the offer is applied, or aiortc keeps the
             # browser's codec order (VP8 first): prefer H.264, VP8 only when H.264 is missing.
             video = pc.addTransceiver(session.video_track, direction="sendonly")
+            # Frames taken ahead of their instants are encoded meanwhile and sent at them.
+            send_at_media_time(video.sender, VIDEO_RATE, session.clock.sleep_until)
             codecs = RTCRtpSender.getCapabilities("video").codecs
             wanted = "video/H264" if "video/H264" in offer.video_codecs else "video/VP8"
             video.setCodecPreferences(
@@ -256,7 +261,12 @@ class SessionManager:
                 rate = RTP_CLOCK_RATES.get(negotiated_codec(transceiver) or "")
                 if self.config.media.sender_reports == "media" and rate is not None:
                     # Both tracks' reports from the call's clock: in step on the receiver.
-                    stamp_sender_reports(transceiver.sender, rate, session.wall_time_of)
+                    stamp_sender_reports(
+                        transceiver.sender,
+                        rate,
+                        session.wall_time_of,
+                        on_frame_out=self._frame_delay(session, transceiver.kind),
+                    )
             negotiated = negotiated_codec(video)
             if negotiated == "video/H264":
                 set_sender_encoder(
@@ -302,6 +312,16 @@ class SessionManager:
             self.headroom.calls = len(self.sessions)
             self.metrics.sessions.set(len(self.sessions))
             self.memory.release_soon()
+
+    def _frame_delay(self, session: AvatarSession, kind: str) -> Callable[[float], None]:
+        """What observes how late each of ``session``'s ``kind`` frames leaves."""
+        histogram = self.metrics.frame_delay.labels(kind)
+        clock = session.clock
+
+        def observe(media_s: float) -> None:
+            histogram.observe(max(0.0, clock.now() - media_s))
+
+        return observe
 
     def _audio_sent(self, replayed: bool) -> None:
         self.metrics.audio_frames.labels("replayed" if replayed else "encoded").inc()

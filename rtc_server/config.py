@@ -249,6 +249,11 @@ class MediaSettings:
     jitter buffer, which drains by ~10 ms a second: with 0.6 the first seconds of fresh
     Chromium calls play in sync (benchmarks/README.md, 2026-12-03). Off by default: with it,
     about one Chromium call in five had its wire offset moved by ~40 ms, cause not found."""
+    video_lead_s: float = 0.02
+    """A video frame is taken and encoded this long before its instant and sent at it (0: taken
+    at its instant, sent when encoded). The encode and its thread hand-offs then no longer
+    delay the frame: on a busy server they made frames leave 5-15 ms late, unevenly. Speech
+    starts this much later so that its first frame is ready as early (at most one frame)."""
 
     def __post_init__(self) -> None:
         if bool(self.turn_secret) != bool(self.turn_urls):
@@ -262,6 +267,8 @@ class MediaSettings:
                 raise ConfigError(f"--turn-url must be turn:host:port or turns:..., not {url!r}")
         if self.sender_reports not in ("media", "sent"):
             raise ConfigError(f"sender_reports must be media or sent, not {self.sender_reports!r}")
+        if not 0.0 <= self.video_lead_s <= 0.04:
+            raise ConfigError(f"video_lead_s must be 0 .. 0.04 s, not {self.video_lead_s}")
         if not 0.0 <= self.audio_start_s <= 2.0:
             raise ConfigError(f"audio_start_s must be 0 .. 2 s, not {self.audio_start_s}")
         if not 60 <= self.turn_ttl_s <= 7 * 86400:

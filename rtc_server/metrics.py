@@ -50,6 +50,15 @@ class Metrics:
             buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.04, 0.08),
             registry=self.registry,
         )
+        self.frame_delay = Histogram(
+            "avatar_rtc_frame_send_delay_seconds",
+            "How long after its media instant a frame's packets left, by track: the event "
+            "loop's wake-up, and for video the encode and its thread hand-offs. What a caller "
+            "sees as uneven frame arrival starts here.",
+            ["kind"],
+            buckets=(0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.25),
+            registry=self.registry,
+        )
         self.turn_stage = Histogram(
             "avatar_rtc_turn_stage_seconds",
             "Time per stage of a turn (the turn metrics' names without _ms).",

@@ -65,6 +65,7 @@ class AvatarSession:
         peer_silence_s: float | None = PEER_SILENCE_S,
         still_repeat_s: float = STILL_REPEAT_S,
         audio_start_s: float = 0.0,
+        video_lead_s: float = 0.0,
         messages: RateLimiter | None = None,
         visemes: bool = False,
         resume_grace_s: float = 0.0,
@@ -73,7 +74,8 @@ class AvatarSession:
         ``visemes`` sends the caller ``viseme`` events on its events channel;
         ``resume_grace_s``: how long a call whose link was lost waits for :meth:`attach`;
         ``audio_start_s``: the audio of each peer connection starts that long after its first
-        request (``MediaSettings.audio_start_s``)."""
+        request (``MediaSettings.audio_start_s``); ``video_lead_s``: how long before its instant
+        a video frame is taken and encoded (``MediaSettings.video_lead_s``)."""
         self.id = uuid.uuid4().hex
         self.pc = pc
         self.engine = engine
@@ -87,6 +89,7 @@ class AvatarSession:
             on_unit=self._on_unit,
             on_video=self._on_video,
             on_behind=self._engine_behind,
+            video_lead_s=video_lead_s,
         )
         self.visemes = VisemeStream(self.scheduler)
         self.scheduler.on_clear = self.visemes.on_clear

@@ -20,7 +20,10 @@ from benchmarks.load import (
     PAUSE_MARGIN_MS,
     Answer,
     Reference,
+    delay_summary,
     holes,
+    server_delay_buckets,
+    server_late_counts,
     skipped_frames,
     speaking_cpu_pct_per_call,
     summarize_step,
@@ -194,3 +197,32 @@ def test_the_schema_holds_a_load_document_and_catches_a_missing_figure() -> None
     del doc["results"]["steps"][0]["callers"][0]["holes"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, schema)
+
+
+METRICS_OF_TWO_WORKERS = """\
+# HELP avatar_rtc_video_frames_late_total Frame instants the media path missed.
+avatar_rtc_video_frames_late_total{reason="held"} 2.0
+avatar_rtc_video_frames_late_total{reason="dropped"} 1.0
+avatar_rtc_video_frames_late_total{reason="held"} 3.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="video",le="0.01"} 90.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="video",le="0.04"} 99.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="video",le="+Inf"} 100.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="audio",le="0.01"} 7.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="audio",le="0.04"} 7.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="audio",le="+Inf"} 7.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="video",le="0.01"} 90.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="video",le="0.04"} 99.0
+avatar_rtc_frame_send_delay_seconds_bucket{kind="video",le="+Inf"} 100.0
+"""
+
+
+def test_the_servers_own_counts_are_read_from_every_workers_metrics() -> None:
+    assert server_late_counts(METRICS_OF_TWO_WORKERS) == {"held": 5, "dropped": 1}
+    assert server_late_counts(None) is None
+    buckets = server_delay_buckets(METRICS_OF_TWO_WORKERS)
+    assert buckets == {0.01: 180.0, 0.04: 198.0, float("inf"): 200.0}
+    before = {0.01: 100.0, 0.04: 100.0, float("inf"): 100.0}
+    # Of the 100 frames since: 80 under 10 ms, 18 more under 40, 2 later than every bound.
+    assert delay_summary(before, buckets) == {"frames": 100, "p50": 10.0, "p99": None}
+    assert delay_summary({}, buckets) == {"frames": 200, "p50": 10.0, "p99": 40.0}
+    assert delay_summary(None, buckets) is None

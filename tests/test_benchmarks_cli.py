@@ -230,3 +230,7 @@ def test_bench_load(tmp_path: Path) -> None:
     assert step["server_cpu_speaking_pct_per_call"] > 0
     assert step["server_cpu_turns_pct_per_call"] > 0
     assert step["server_rss_mb"] > 50 and step["client_cpu_pct_per_call"] > 0
+    # The server's own count of its frames' lateness covers the step (idle and reply):
+    # every frame sent, at 4 fps idle and 25 while speaking.
+    delay = step["server_video_delay_ms"]
+    assert delay["frames"] >= caller["frame_interval_ms"]["n"] and delay["p50"] is not None

@@ -93,6 +93,7 @@ class AVScheduler:
         clock: MediaClock | None = None,
         *,
         lead_frames: int = 3,
+        video_lead_s: float = 0.0,
         on_unit: Callable[[int, Unit], None] | None = None,
         on_video: Callable[[int, bool], None] | None = None,
         on_behind: Callable[[], None] | None = None,
@@ -106,6 +107,10 @@ class AVScheduler:
         self.samples_per_unit = engine.sample_rate // engine.fps
         self.stats = SchedulerStats()
         self._lead = max(1, lead_frames)
+        self.video_lead_s = video_lead_s
+        """How long before its instant the video track takes a unit's frame (to encode it
+        then and send it at the instant): speech is placed this much later, so its frames
+        are as ready as without the lead."""
         self._speech = SegmentQueue(self.samples_per_unit)
         self._speech_from: int | None = None
         """The first unit the current run of speech may play at; None between runs."""
@@ -190,8 +195,14 @@ class AVScheduler:
 
     def _ready_unit(self) -> int:
         """The first instant a frame the engine starts on now can be ready for."""
-        due = (self.clock.now() + max(0.0, self.engine.latency)) * self.fps
+        due = (self.clock.now() + self._ahead_s) * self.fps
         return math.ceil(due - 1e-6)  # 0.24 s * 25 is instant 6, not 6.000000000000001
+
+    @property
+    def _ahead_s(self) -> float:
+        """How long before its instant a frame is taken, at the latest: the engine's latency
+        (its first frame takes that) and the video track's lead."""
+        return max(0.0, self.engine.latency) + self.video_lead_s
 
     def clear(self) -> None:
         """Barge-in: queued speech and frames rendered ahead are dropped; the next unit is idle."""
@@ -232,7 +243,7 @@ class AVScheduler:
     # -- frames in ---------------------------------------------------------------------------
 
     def _room(self) -> bool:
-        faces_lead = self._lead + math.ceil(max(0.0, self.engine.latency) * self.fps)
+        faces_lead = self._lead + math.ceil(self._ahead_s * self.fps)
         if self._speech_from is not None:
             return len(self._faces) < faces_lead
         return len(self._idle) < self._lead and len(self._faces) < faces_lead

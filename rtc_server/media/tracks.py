@@ -108,6 +108,9 @@ bounds how long a receiver that lost a packet waits for the frame that repairs i
 class AvatarVideoTrack(MediaStreamTrack):
     """fps video; a frame that is late for its instant is dropped, never the audio.
 
+    A frame is taken ``scheduler.video_lead_s`` before its instant, so that the sender can encode
+    it ahead and send it at the instant (``aiortc_compat.send_at_media_time``).
+
     Idle instants whose image is the very frame sent last are skipped for up to
     ``STILL_REPEAT_S`` (an unchanged picture is the same array: engines and the scheduler's
     held image reuse it). Speech instants always go out, so a talking face stays at fps.
@@ -142,7 +145,8 @@ class AvatarVideoTrack(MediaStreamTrack):
             index = max(self._next, current)
             dropped = index - self._next
             self._next = index + 1
-            await self._clock.sleep_until(index / fps)
+            # Taken (and encoded) the scheduler's lead before the instant; sent at it.
+            await self._clock.sleep_until(index / fps - self._scheduler.video_lead_s)
             unit = self._scheduler.unit(index, "video")
             image = unit.image
             assert image is not None  # resolved for the video track
