@@ -24,6 +24,7 @@ from rtc_server.aiortc_compat import (
     use_fast_audio_level,
 )
 from rtc_server.config import ServerConfig
+from rtc_server.cpu_priority import kernels_on_calling_thread
 from rtc_server.embed import add_embed_route
 from rtc_server.end_of_turn import EndOfTurnParams, load_end_of_turn
 from rtc_server.engine_factory import EngineFactory, load_engine_factory
@@ -397,6 +398,7 @@ def create_app(
     use_fast_audio_level()
     restrict_host_addresses(config.media.ice_addresses)
     limit_arenas()
+    kernels_on_calling_thread()
     access = config.access.build_policy()
     app = web.Application(
         middlewares=[

@@ -1,4 +1,5 @@
-"""Transcription below the media path when the CPU is short.
+"""How the server's threads share the CPU: transcription below the media path, OpenCV on the
+calling thread.
 
 A call's audio is paced on the event loop, its video encoded on the loop's default executor and
 its reply synthesized on the app's executor; transcription (faster-whisper) waits on an
@@ -9,6 +10,12 @@ unevenly. Those threads therefore run at a lower priority (a higher nice value):
 CPU the media path leaves, and all of it when nothing else wants it, so one call alone is not
 slower. Synthesis stays at the media path's priority: a reply's next sentence is due while its
 first one plays. Raising a thread's nice value needs no privilege; lowering it back would.
+
+OpenCV splits each call of its own over a pool of one thread per core, whose threads spin
+(``sched_yield``) between jobs. A call's picture is drawn on that call's render thread in
+small pieces (a mouth crop, a blend), so the pool only adds hand-offs and spinning: on one
+speaking call it burned 3 % of a core yielding. :func:`kernels_on_calling_thread` turns it
+off; calls are spread over the cores by their own threads (as x264 is, one thread a call).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import logging
 import os
 import threading
 
-__all__ = ["SPEECH_NICE", "lower_this_thread", "thread_nice"]
+__all__ = ["SPEECH_NICE", "kernels_on_calling_thread", "lower_this_thread", "thread_nice"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,3 +45,10 @@ def lower_this_thread(by: int = SPEECH_NICE) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, thread_nice(tid) + by))
     except OSError as exc:  # a platform without per-thread priorities: run as we are
         logger.warning("could not lower the transcription threads' CPU priority: %s", exc)
+
+
+def kernels_on_calling_thread() -> None:
+    """OpenCV runs each function on the thread that calls it, without its worker pool."""
+    import cv2
+
+    cv2.setNumThreads(0)
