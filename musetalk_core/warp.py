@@ -2,7 +2,8 @@
 
 Two layers here, each usable on its own, and the engine over them:
 
-- :func:`mouth_shape` reads one frame's audio slice into (openness, roundness);
+- :func:`mouth_shape` reads one frame's audio slice into (openness, roundness)
+  (:func:`mouth_opening`: the openness alone);
 - :class:`WarpRenderer` draws one frame for a mouth shape and a time: the jaw drops and the
   lips part inside the mouth crop, eyes blink now and then. Pure and synchronous;
 - :class:`~musetalk_core.warp_engine.WarpEngine` implements
@@ -28,7 +29,7 @@ from .i420 import I420Canvas
 from .warp_avatar import WarpAvatar
 from .warp_lips import LEVELS, sealed_mouth, tucked_mouth
 
-__all__ = ["PIXEL_FORMATS", "WarpRenderer", "mouth_shape"]
+__all__ = ["PIXEL_FORMATS", "WarpRenderer", "mouth_opening", "mouth_shape"]
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -73,6 +74,26 @@ BLINK_INTERVAL = (2.5, 6.0)
 """Seconds between blink starts, drawn uniformly from a seeded generator."""
 
 
+def _float_samples(pcm: npt.NDArray[np.generic]) -> npt.NDArray[np.float32]:
+    x = np.asarray(pcm)
+    if x.dtype == np.int16:
+        return x.astype(np.float32) / np.float32(32768.0)
+    return x.astype(np.float32, copy=False)
+
+
+def _opening(samples: npt.NDArray[np.float32]) -> float:
+    rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float32))))
+    level = (rms - OPEN_FLOOR_RMS) / (OPEN_FULL_RMS - OPEN_FLOOR_RMS)
+    return 0.0 if level <= 0.0 else float(min(1.0, level) ** OPEN_GAMMA)
+
+
+def mouth_opening(pcm: npt.NDArray[np.generic]) -> float:
+    """The openness of :func:`mouth_shape` alone (0..1), without the spectrum roundness needs:
+    for a mouth whose shape comes from the phonemes, only how far it opens from the audio."""
+    samples = _float_samples(pcm)
+    return _opening(samples) if samples.size else 0.0
+
+
 def mouth_shape(pcm: npt.NDArray[np.generic], sample_rate: int) -> tuple[float, float]:
     """(openness, roundness), each 0..1, for one frame's slice of mono audio.
 
@@ -80,18 +101,12 @@ def mouth_shape(pcm: npt.NDArray[np.generic], sample_rate: int) -> tuple[float, 
     compressive curve (silence 0, normal TTS speech about 0.6-1.0); roundness is high when the
     voiced energy sits below ~1 kHz, as in "oo", and 0 for silence, "ee" and hiss.
     """
-    x = np.asarray(pcm)
-    if x.size == 0:
+    samples = _float_samples(pcm)
+    if samples.size == 0:
         return 0.0, 0.0
-    if x.dtype == np.int16:
-        samples = x.astype(np.float32) / 32768.0
-    else:
-        samples = x.astype(np.float32, copy=False)
-    rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float32))))
-    level = (rms - OPEN_FLOOR_RMS) / (OPEN_FULL_RMS - OPEN_FLOOR_RMS)
-    if level <= 0.0:
+    openness = _opening(samples)
+    if openness <= 0.0:
         return 0.0, 0.0
-    openness = float(min(1.0, level) ** OPEN_GAMMA)
 
     power = np.abs(np.fft.rfft(samples * _window(len(samples)))) ** 2
     freqs = np.fft.rfftfreq(len(samples), 1.0 / sample_rate)

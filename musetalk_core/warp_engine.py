@@ -22,7 +22,7 @@ from .i420 import i420_fits
 from .segments import Piece, SegmentQueue
 from .types import AudioChunk, AvatarFrame, EngineError
 from .visemes import DECAY_S
-from .warp import PIXEL_FORMATS, WarpRenderer, mouth_shape
+from .warp import PIXEL_FORMATS, WarpRenderer, mouth_opening, mouth_shape
 from .warp_avatar import WarpAvatar
 
 __all__ = ["WarpEngine"]
@@ -162,7 +162,7 @@ class WarpEngine:
             openness, roundness, closed, tucked = relax if relax is not None else (0.0,) * 4
         elif piece.timeline is not None and len(piece.timeline):
             mouth = piece.timeline.mouth(piece.time)
-            loud, _ = mouth_shape(piece.pcm, self._sample_rate)
+            loud = mouth_opening(piece.pcm)
             # The shape from the phonemes, how far it opens also from the voice's loudness:
             # a stressed vowel opens wider than the same vowel unstressed.
             roundness, closed, tucked = float(mouth[1]), float(mouth[3]), float(mouth[4])

@@ -35,7 +35,7 @@ from aiortc import RTCDataChannel
 
 from musetalk_core.segments import Piece
 from musetalk_core.visemes import ARKIT, BLEND_SHAPES, DECAY_S, VISEMES
-from musetalk_core.warp import mouth_shape
+from musetalk_core.warp import mouth_opening
 from rtc_server.media.clock import AUDIO_PTIME, AUDIO_RATE, AUDIO_SAMPLES
 from rtc_server.media.scheduler import AVScheduler, Unit
 
@@ -264,9 +264,7 @@ class VisemeStream:
         else:
             mixes = np.zeros((n, len(VISEMES)), np.float32)
             for g in range(n):
-                opening = mouth_shape(
-                    piece.pcm[g * AUDIO_SAMPLES : (g + 1) * AUDIO_SAMPLES], AUDIO_RATE
-                )[0]
+                opening = mouth_opening(piece.pcm[g * AUDIO_SAMPLES : (g + 1) * AUDIO_SAMPLES])
                 mixes[g, 0], mixes[g, VISEMES.index("aa")] = 1.0 - opening, opening
         for g, key_g in enumerate(self._keys(piece)):
             assert key_g is not None

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from musetalk_core.types import AudioChunk, AvatarFrame, LipSyncEngine
-from musetalk_core.warp import BLINK_INTERVAL, BLINK_SECONDS, WarpRenderer, mouth_shape
+from musetalk_core.warp import (
+    BLINK_INTERVAL,
+    BLINK_SECONDS,
+    WarpRenderer,
+    mouth_opening,
+    mouth_shape,
+)
 from musetalk_core.warp_avatar import WarpAvatar, builtin_portrait, prepare_avatar
 from musetalk_core.warp_engine import WarpEngine
 
@@ -275,6 +281,17 @@ def test_mouth_shape_int16_and_float_agree() -> None:
     as_int = (x * 32768).astype(np.int16)
     a, b = mouth_shape(x, SR), mouth_shape(as_int, SR)
     assert a == pytest.approx(b, abs=0.01)
+
+
+def test_the_opening_alone_is_the_shapes_opening() -> None:
+    # What the phoneme-driven mouth takes from the audio, without the spectrum.
+    rng = np.random.default_rng(4)
+    slices = [np.zeros(SPF, np.int16), np.zeros(0, np.int16)]
+    slices += [(rng.normal(0, a, SPF) * 32768).astype(np.int16) for a in (0.005, 0.05, 0.3)]
+    slices += [rng.normal(0, 0.1, SPF).astype(np.float32)]
+    for pcm in slices:
+        assert mouth_opening(pcm) == mouth_shape(pcm, SR)[0]
+    assert mouth_opening(slices[3]) > 0.0
 
 
 def test_mouth_shape_roundness_follows_spectrum() -> None:
