@@ -120,3 +120,22 @@ async def test_a_cloud_voices_chunks_reach_the_engine_as_one_stream(rate: int) -
     assert len(heard) == len(whole)
     assert np.abs(heard - whole).max() <= 1
     await scheduler.aclose()
+
+
+@pytest.mark.parametrize(("rate", "to"), [(48_000, 16_000), (48_000, 24_000), (44_100, 16_000)])
+def test_a_stream_brought_down_gives_the_whole_signals_samples(rate: int, to: int) -> None:
+    # The microphone's way (48 kHz in 20 ms frames to the VAD's 16 kHz, the speech model's
+    # 24 kHz), with odd pieces among them; 44.1 kHz takes the general path.
+    x = _speechlike(rate, 1.5, seed=2)
+    whole = resample_int16(x, rate, to)
+    rng = np.random.default_rng(to)
+    sizes = [rate // 50] * 20 + [int(s) for s in rng.integers(0, rate // 20, 20)] + [1, 0, 2]
+    resampler = StreamResampler(rate, to)
+    out, at = [], 0
+    for size in sizes:
+        out.append(resampler.feed(x[at : at + size]))
+        at += size
+    out += [resampler.feed(x[at:]), resampler.flush()]
+    got = np.concatenate(out)
+    assert len(got) == len(whole) == -(-len(x) * to // rate)
+    assert np.abs(got.astype(np.int32) - whole).max() <= 1
