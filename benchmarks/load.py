@@ -270,7 +270,7 @@ def summarize_step(
     sent: list[np.ndarray] | None = None,
     server_late: dict[str, int] | None = None,
     client_lags_ms: list[float] | None = None,
-    server_delay_ms: dict[str, float | int | None] | None = None,
+    server_delays_ms: dict[str, dict[str, float | int | None] | None] | None = None,
 ) -> dict[str, Any]:
     """One row of the table: per-call figures, the step's worst, and whether it was smooth.
 
@@ -278,8 +278,9 @@ def summarize_step(
     network and the caller's own machine); ``sent`` their RTP intervals, which only the server
     decides (a frame it skipped is a gap of two frames whenever it arrives). ``server_late``:
     the server's own count of instants it held or dropped during the step; ``client_lags_ms``
-    how late the callers' own event loop woke during the turns; ``server_delay_ms`` how long
-    after their instants the server's video frames left, by its own histogram.
+    how late the callers' own event loop woke during the turns; ``server_delays_ms`` how long
+    after their instants the server's frames left, by its own histogram, per track ("video",
+    "audio"; :func:`delay_summary`).
     """
     sent = sent if sent is not None else [np.zeros(0) for _ in intervals]
     lag = summary(client_lags_ms or [])
@@ -322,7 +323,8 @@ def summarize_step(
         },
         "frames_skipped": sum(c["frames_skipped"] for c in callers),
         "server_frames_late": server_late,
-        "server_video_delay_ms": server_delay_ms,
+        "server_video_delay_ms": (server_delays_ms or {}).get("video"),
+        "server_audio_delay_ms": (server_delays_ms or {}).get("audio"),
         "client_loop_lag_ms": {"p99": lag.get("p99"), "max": lag.get("max")},
         "audio_holes": hole_count,
         "stretch_ms": summary(stretches),
@@ -451,7 +453,12 @@ async def _step(
         sent.append(np.diff(np.array([r for _, r in frames], np.int64)) * 1000 / VIDEO_CLOCK_HZ)
     metrics_after = await server_metrics(url)
     late = _late_delta(server_late_counts(metrics_before), server_late_counts(metrics_after))
-    delay = delay_summary(server_delay_buckets(metrics_before), server_delay_buckets(metrics_after))
+    delays = {
+        kind: delay_summary(
+            server_delay_buckets(metrics_before, kind), server_delay_buckets(metrics_after, kind)
+        )
+        for kind in ("video", "audio")
+    }
     cpu: dict[str, float | None] = {
         "server_cpu_idle_pct_per_call": None,
         "server_cpu_speaking_pct_per_call": None,
@@ -475,7 +482,7 @@ async def _step(
     for (client, _), a in zip(callers, answers, strict=True):
         if a.failed:
             await _settle(client)
-    return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delay)
+    return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delays)
 
 
 def _line(step: dict[str, Any]) -> str:

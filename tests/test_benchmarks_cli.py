@@ -234,3 +234,5 @@ def test_bench_load(tmp_path: Path) -> None:
     # every frame sent, at 4 fps idle and 25 while speaking.
     delay = step["server_video_delay_ms"]
     assert delay["frames"] >= caller["frame_interval_ms"]["n"] and delay["p50"] is not None
+    audio = step["server_audio_delay_ms"]  # 50 frames a second, idle or not
+    assert audio["frames"] >= 40 * 2 and audio["p50"] is not None
