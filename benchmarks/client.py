@@ -3,7 +3,10 @@
 Frames are timed by the arrival of their first RTP packet, not by when aiortc's receiver hands
 them over (its jitter buffers hold audio and video for different times). With
 ``decode_video=False`` (load runs) video frames are only counted, by the arrival of the first
-packet of each new RTP timestamp, and never decoded.
+packet of each new RTP timestamp, and never decoded. With ``kernel_arrivals=True`` (load runs
+too) a packet's arrival is when the kernel received it, not when this process's event loop got
+to it: many callers in one process read their packets late whenever that loop is busy, which
+says nothing about the server.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from aiortc.rtcconfiguration import RTCConfiguration
 
 from rtc_server.aiortc_compat import (
     negotiated_codec,
+    observe_datagrams,
     restrict_host_addresses,
     selected_candidate_pair,
     stop_decoding,
@@ -42,6 +46,7 @@ from rtc_server.aiortc_compat import (
 )
 
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
+_KERNEL_TIMES_KEPT = 4096
 
 
 async def make_offer(*, audio: bool = True, video: bool = True) -> str:
@@ -81,6 +86,9 @@ class Received:
     video is not converted (``record_video=False``) or not decoded (``decode_video=False``)."""
     audio: list[tuple[float, int, np.ndarray]] = field(default_factory=list)
     """(arrival s, RTP timestamp, mono int16 at 48 kHz) per decoded 20 ms frame."""
+    video_read: list[float] = field(default_factory=list)
+    """Without decoding: when this process read each counted frame's first packet (with
+    kernel arrivals, ``video`` holds when it arrived)."""
 
 
 class CallClient:
@@ -98,12 +106,14 @@ class CallClient:
         visemes: bool = False,
         ice_servers: Sequence[RTCIceServer] | None = None,
         relay_only: bool = False,
+        kernel_arrivals: bool = False,
     ) -> None:
         """``headers`` go with every HTTP request of the call (a token, a proxy's headers);
         ``visemes`` asks for the viseme stream in both forms (JSON events, binary channel).
         ``ice_servers``: STUN/TURN servers (none by default; aiortc uses the first TURN URL
         only); ``relay_only`` gathers relay candidates alone (``iceTransportPolicy: "relay"``),
-        so every packet of the call goes through that TURN server."""
+        so every packet of the call goes through that TURN server. ``kernel_arrivals``: RTP
+        packets are timed by the kernel's receive time (see the module's text)."""
         # Benchmarks and tests keep every packet on loopback; aioice skips it unless told.
         if ice_address is not None:
             restrict_host_addresses([ice_address])
@@ -128,6 +138,9 @@ class CallClient:
         """(kind, arrival, NTP timestamp, RTP timestamp) of each RTCP sender report received."""
         self._last_video_ts: int | None = None
         self._arrivals: dict[tuple[str, int], float] = {}
+        self.kernel_arrivals = kernel_arrivals
+        self._kernel_times: dict[tuple[int, int], float] = {}
+        """(SSRC, sequence number) -> the kernel's receive time, for packets not yet handled."""
         self._origins: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._event_signal = asyncio.Event()
@@ -222,8 +235,9 @@ class CallClient:
 
     def _timed(self, kind: str, handler: Any) -> Any:
         async def handle(packet: Any, arrival_time_ms: int) -> None:
+            arrival = self._arrival_of(packet)
             self._origins.setdefault(kind, packet.timestamp)
-            self._arrivals.setdefault((kind, packet.timestamp), time.monotonic())
+            self._arrivals.setdefault((kind, packet.timestamp), arrival)
             await handler(packet, arrival_time_ms)
 
         return handle
@@ -247,6 +261,7 @@ class CallClient:
         """
 
         async def handle(packet: Any, arrival_time_ms: int) -> None:
+            arrival = self._arrival_of(packet)
             ts = packet.timestamp
             if self._last_video_ts is None:
                 stop_decoding(receiver)
@@ -256,10 +271,27 @@ class CallClient:
                 self._last_video_ts = ts
                 if self.record:
                     rtp = (ts - self._origins["video"]) & 0xFFFFFFFF
-                    self.received.video.append((time.monotonic(), rtp, _NO_IMAGE))
+                    self.received.video.append((arrival, rtp, _NO_IMAGE))
+                    self.received.video_read.append(time.monotonic())
             await handler(packet, arrival_time_ms)
 
         return handle
+
+    def _on_datagram(self, data: bytes, arrival: float) -> None:
+        """Keep the kernel's receive time of each RTP packet until its handler asks for it."""
+        if len(data) < 12 or data[0] >> 6 != 2 or 64 <= data[1] & 0x7F < 96:
+            return  # not RTP: STUN, DTLS, or RTCP (payload types 64-95 with its marker bit)
+        key = (int.from_bytes(data[8:12], "big"), int.from_bytes(data[2:4], "big"))
+        self._kernel_times[key] = arrival
+        if len(self._kernel_times) > _KERNEL_TIMES_KEPT:  # packets aiortc dropped: the oldest
+            del self._kernel_times[next(iter(self._kernel_times))]
+
+    def _arrival_of(self, packet: Any) -> float:
+        if self.kernel_arrivals:
+            arrival = self._kernel_times.pop((packet.ssrc, packet.sequence_number), None)
+            if arrival is not None:
+                return arrival
+        return time.monotonic()
 
     async def connect(
         self,
@@ -305,6 +337,10 @@ class CallClient:
         if before_answer is not None:
             await before_answer(answer["sdp"])
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+        if self.kernel_arrivals:
+            # After the answer: BUNDLE has put every transceiver on one ICE connection.
+            for transceiver in self.pc.getTransceivers():
+                observe_datagrams(transceiver, self._on_datagram)
         self.session_id = answer["session_id"]
         return self.session_id
 

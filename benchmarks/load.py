@@ -147,7 +147,12 @@ async def _settle(client: CallClient, timeout: float = 60.0) -> None:
 
 async def connect_light_caller(url: str) -> tuple[CallClient, Microphone]:
     mic = Microphone()
-    client = CallClient(url, microphone=mic, record_video=False, decode_video=False)
+    # Timed by the kernel's receive time: the callers share this process's loop and the
+    # machine's cores with the server; when it lags they read packets late, which is not the
+    # server's doing (what the loop saw is kept too: ``read_interval_ms``).
+    client = CallClient(
+        url, microphone=mic, record_video=False, decode_video=False, kernel_arrivals=True
+    )
     await client.connect()
     await client.wait_channel_open()
     await client.wait_state("listening", timeout=30)
@@ -271,19 +276,25 @@ def summarize_step(
     server_late: dict[str, int] | None = None,
     client_lags_ms: list[float] | None = None,
     server_delays_ms: dict[str, dict[str, float | int | None] | None] | None = None,
+    read: list[np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """One row of the table: per-call figures, the step's worst, and whether it was smooth.
 
-    ``intervals`` are the frames' arrival intervals (what a viewer receives: the server, the
-    network and the caller's own machine); ``sent`` their RTP intervals, which only the server
-    decides (a frame it skipped is a gap of two frames whenever it arrives). ``server_late``:
+    ``intervals`` are the frames' arrival intervals (by the kernel's receive time: what a
+    viewer receives, the server and the network); ``read`` the same frames' intervals as the
+    callers' event loop read them (the arrival plus this process's own lag); ``sent`` their RTP
+    intervals, which only the server decides (a frame it skipped is a gap of two frames
+    whenever it arrives). ``server_late``:
     the server's own count of instants it held or dropped during the step; ``client_lags_ms``
     how late the callers' own event loop woke during the turns; ``server_delays_ms`` how long
     after their instants the server's frames left, by its own histogram, per track ("video",
     "audio"; :func:`delay_summary`).
     """
     sent = sent if sent is not None else [np.zeros(0) for _ in intervals]
+    read = read if read is not None else [np.zeros(0) for _ in intervals]
     lag = summary(client_lags_ms or [])
+    read_p99s = [summary(r.tolist())["p99"] for r in read if len(r)]
+    read_maxes = [float(r.max()) for r in read if len(r)]
     callers = []
     for a, iv, sv in zip(answers, intervals, sent, strict=True):
         row = _answer_json(a, ref)
@@ -320,6 +331,10 @@ def summarize_step(
         "sent_interval_ms": {
             k: max((c["sent_interval_ms"][k] for c in sent_rows), default=None)
             for k in ("p99", "max")
+        },
+        "read_interval_ms": {
+            "p99": max(read_p99s, default=None),
+            "max": max(read_maxes, default=None),
         },
         "frames_skipped": sum(c["frames_skipped"] for c in callers),
         "server_frames_late": server_late,
@@ -417,6 +432,7 @@ async def _step(
     for client, _ in callers:
         client.received.audio.clear()
         client.received.video.clear()
+        client.received.video_read.clear()
     started = time.monotonic()
     client_cpu = time.process_time()
     metrics_before = await server_metrics(url)
@@ -445,12 +461,17 @@ async def _step(
     # Smoothness is judged while the reply plays: an idle avatar whose picture does not change
     # is sent at 4 fps on purpose (rtc_server/media/tracks.py). A reply that was not heard is
     # judged over the whole step.
-    intervals, sent = [], []
+    intervals, sent, read = [], [], []
     for (c, _), a in zip(callers, answers, strict=True):
         lo, hi = a.speech if a.speech is not None else (started, ended)
-        frames = [(t, rtp) for t, rtp, _ in c.received.video if lo <= t <= hi]
-        intervals.append(np.diff([t for t, _ in frames]) * 1000)
-        sent.append(np.diff(np.array([r for _, r in frames], np.int64)) * 1000 / VIDEO_CLOCK_HZ)
+        frames = [
+            (t, rtp, seen)
+            for (t, rtp, _), seen in zip(c.received.video, c.received.video_read, strict=True)
+            if lo <= t <= hi
+        ]
+        intervals.append(np.diff([t for t, _, _ in frames]) * 1000)
+        sent.append(np.diff(np.array([r for _, r, _ in frames], np.int64)) * 1000 / VIDEO_CLOCK_HZ)
+        read.append(np.diff([seen for _, _, seen in frames]) * 1000)
     metrics_after = await server_metrics(url)
     late = _late_delta(server_late_counts(metrics_before), server_late_counts(metrics_after))
     delays = {
@@ -482,7 +503,7 @@ async def _step(
     for (client, _), a in zip(callers, answers, strict=True):
         if a.failed:
             await _settle(client)
-    return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delays)
+    return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delays, read)
 
 
 def _line(step: dict[str, Any]) -> str:
@@ -492,7 +513,8 @@ def _line(step: dict[str, Any]) -> str:
     iv = step["frame_interval_ms"]
     return (
         f"{step['calls']} call(s): {step['failed_calls']} failed, frame interval p99 "
-        f"{f(iv['p99'])} max {f(iv['max'])} ms (sent p99 {f(step['sent_interval_ms']['p99'])}, "
+        f"{f(iv['p99'])} max {f(iv['max'])} ms (read p99 {f(step['read_interval_ms']['p99'])}, "
+        f"sent p99 {f(step['sent_interval_ms']['p99'])}, "
         f"{step['frames_skipped']} skipped; callers' loop lag p99 "
         f"{f(step['client_loop_lag_ms']['p99'])}; server's frames out p99 <= "
         f"{f((step.get('server_video_delay_ms') or {}).get('p99'))} ms late), "

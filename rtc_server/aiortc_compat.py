@@ -10,17 +10,21 @@ jitter buffer, the benchmarks' packet timing and undecoded video.
 What is read: the candidate pair ICE nominated (:func:`selected_candidate_pair`). What is
 rewritten: the sender reports' NTP times, from the call's clock (:func:`stamp_sender_reports`).
 What is process-wide, because aioice has no per-connection hook: the host addresses ICE
-gathers (:func:`restrict_host_addresses`), and aiortc's audio-level function
-(:func:`use_fast_audio_level`, the same result, faster).
+gathers (:func:`restrict_host_addresses`), aiortc's audio-level function
+(:func:`use_fast_audio_level`, the same result, faster), and a look at every datagram ICE
+receives for the connections a benchmark watches (:func:`observe_datagrams`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import logging
 import math
+import struct
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import version
 from typing import Any
@@ -400,3 +404,54 @@ def selected_candidate_pair(transport: RTCIceTransport) -> tuple[Candidate, Cand
     """
     pair = transport._connection._nominated.get(1)
     return None if pair is None else (pair.local_candidate, pair.remote_candidate)
+
+
+DatagramObserver = Callable[[bytes, float], None]
+"""``observer(datagram, arrival)``: a datagram as it came off the socket (SRTP, SRTCP, DTLS or
+STUN), and when the kernel received it, on :func:`time.monotonic`'s scale."""
+_SIOCGSTAMPNS = 0x8907
+"""Linux: when the last datagram read from a socket was received (a ``timespec``)."""
+_observers: weakref.WeakKeyDictionary[Any, DatagramObserver] = weakref.WeakKeyDictionary()
+_original_datagram_received = aioice.ice.StunProtocol.datagram_received
+
+
+def observe_datagrams(transceiver: RTCRtpTransceiver, observer: DatagramObserver) -> None:
+    """Show ``observer`` every datagram the transceiver's ICE connection receives, with the
+    time the kernel received it, before aiortc reads it.
+
+    A process holding many callers (``bench load``) reads packets late when its own event
+    loop is busy; the kernel's receive time is when the server's packet arrived, whatever the
+    caller was doing. On loopback that is the moment the server sent it. aioice reads its
+    sockets in ``StunProtocol.datagram_received`` (one datagram a call), so that method is
+    replaced once for the process; connections nobody observes pass straight through. Where
+    the kernel keeps no receive time (not Linux, or before timestamps were on for the
+    socket) the arrival is the moment of reading.
+    """
+    connection = transceiver.receiver.transport.transport._connection
+    _observers[connection] = observer
+    if aioice.ice.StunProtocol.datagram_received is _original_datagram_received:
+        aioice.ice.StunProtocol.datagram_received = _observed_datagram_received  # type: ignore[method-assign]
+
+
+def _observed_datagram_received(
+    self: aioice.ice.StunProtocol, data: bytes | str, addr: tuple[Any, ...]
+) -> None:
+    observer = _observers.get(self.receiver)
+    if observer is not None and isinstance(data, bytes):
+        observer(data, kernel_arrival(self.transport.get_extra_info("socket")))
+    _original_datagram_received(self, data, addr)
+
+
+def kernel_arrival(sock: Any) -> float:
+    """When the kernel received the datagram last read from ``sock`` (a socket, or asyncio's
+    wrapper of one), on :func:`time.monotonic`'s scale (now, where it cannot say)."""
+    now = time.monotonic()
+    if sock is None:
+        return now
+    try:
+        raw = fcntl.ioctl(sock.fileno(), _SIOCGSTAMPNS, bytes(16))
+    except OSError:  # no stamp yet: the first call turns them on for the socket
+        return now
+    seconds, nanoseconds = struct.unpack("qq", raw)
+    received: float = seconds + nanoseconds / 1e9 - time.time() + now
+    return min(received, now)
