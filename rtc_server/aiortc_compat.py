@@ -102,15 +102,19 @@ def set_receiver_jitter_buffer(transceiver: RTCRtpTransceiver, buffer: JitterBuf
     transceiver.receiver._RTCRtpReceiver__jitter_buffer = buffer  # type: ignore[attr-defined]
 
 
+Decode = Callable[[RTCRtpCodecParameters, Any], list[Any]]
+"""``decode(codec, encoded_frame)``: one received frame (aiortc's ``JitterFrame``: ``data``,
+``timestamp``) as the items its track's ``recv()`` returns, in order; [] for none."""
+
+
 class _DecodeOnLoop:
     """Stands in for an ``RTCRtpReceiver``'s decoder queue (see :func:`decode_on_loop`)."""
 
-    def __init__(self, receiver: RTCRtpReceiver) -> None:
+    def __init__(self, receiver: RTCRtpReceiver, decode: Decode | None = None) -> None:
         self._receiver = receiver
         """Its track (and so the queue the frames go to) exists once the offer is applied."""
         self._stopped = threading.Event()
-        self._decoder: Any = None
-        self._codec_name: str | None = None
+        self._decode = decode or _AiortcDecode()
 
     def put(self, item: Any) -> None:
         """aiortc's receiver hands over ``(codec, encoded_frame)``, on the event loop; None
@@ -119,17 +123,9 @@ class _DecodeOnLoop:
             self._stopped.set()  # aiortc's idle decoder thread ends, and with it the track
             return
         codec, encoded_frame = item
-        if codec.name != self._codec_name:
-            self._decoder = get_decoder(codec)
-            self._codec_name = codec.name
-        try:
-            frames = self._decoder.decode(encoded_frame)
-        except av.FFmpegError as exc:
-            logger.warning("the caller's %s frame could not be decoded: %s", codec.name, exc)
-            return
         track = self._receiver._track
         assert track is not None, "a receiver receives only once its track exists"
-        for frame in frames:
+        for frame in self._decode(codec, encoded_frame):
             track._queue.put_nowait(frame)
 
     def get(self) -> None:
@@ -137,8 +133,27 @@ class _DecodeOnLoop:
         self._stopped.wait()
 
 
-def decode_on_loop(transceiver: RTCRtpTransceiver) -> None:
-    """Decode ``transceiver``'s incoming audio on the event loop, as its packets arrive.
+class _AiortcDecode:
+    """aiortc's own decoder for the negotiated codec, as its decoder thread would run it."""
+
+    def __init__(self) -> None:
+        self._decoder: Any = None
+        self._codec_name: str | None = None
+
+    def __call__(self, codec: RTCRtpCodecParameters, encoded_frame: Any) -> list[Any]:
+        if codec.name != self._codec_name:
+            self._decoder = get_decoder(codec)
+            self._codec_name = codec.name
+        try:
+            return list(self._decoder.decode(encoded_frame))
+        except av.FFmpegError as exc:
+            logger.warning("the caller's %s frame could not be decoded: %s", codec.name, exc)
+            return []
+
+
+def decode_on_loop(transceiver: RTCRtpTransceiver, decode: Decode | None = None) -> None:
+    """Decode ``transceiver``'s incoming audio on the event loop, as its packets arrive, with
+    ``decode`` (default: aiortc's decoder for the codec, giving ``av.AudioFrame``s).
 
     aiortc hands every received frame to a decoder thread, which passes each decoded frame back
     to the loop with ``run_coroutine_threadsafe`` (a task per 20 ms frame, two thread wake-ups);
@@ -149,7 +164,8 @@ def decode_on_loop(transceiver: RTCRtpTransceiver) -> None:
     if transceiver.kind != "audio":
         raise ValueError("decode_on_loop is for audio receivers (video decodes off the loop)")
     receiver = transceiver.receiver
-    receiver._RTCRtpReceiver__decoder_queue = _DecodeOnLoop(receiver)  # type: ignore[attr-defined]
+    stand_in = _DecodeOnLoop(receiver, decode)
+    receiver._RTCRtpReceiver__decoder_queue = stand_in  # type: ignore[attr-defined]
 
 
 def negotiated_codec(transceiver: RTCRtpTransceiver) -> str | None:

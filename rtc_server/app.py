@@ -248,7 +248,7 @@ class SessionManager:
             pc.addTrack(session.audio_track)
             for transceiver in pc.getTransceivers():
                 if transceiver.kind == "audio":
-                    low_latency_audio(transceiver)
+                    low_latency_audio(transceiver, session.mic_rate)
                 if (
                     transceiver.sender.track is session.audio_track
                     and negotiated_codec(transceiver) == "audio/opus"

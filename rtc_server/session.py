@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
-import av
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
@@ -25,7 +24,8 @@ from rtc_server.call_tasks import CallTasks
 from rtc_server.event_channel import EventChannel
 from rtc_server.logs import CallLog
 from rtc_server.media.clock import MonotonicClock
-from rtc_server.media.inbound import MicDownsampler
+from rtc_server.media.inbound import MicAudio
+from rtc_server.media.resample import StreamResampler
 from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.media.tracks import STILL_REPEAT_S, AvatarAudioTrack, AvatarVideoTrack
@@ -321,26 +321,35 @@ class AvatarSession:
             # The microphone: it must be read, or aiortc queues its frames without bound.
             self._tasks.spawn(self._listen(track), "microphone")
 
+    @property
+    def mic_rate(self) -> int:
+        """The rate the caller's microphone is decoded at: the speech-to-speech model's when
+        the call has one (it hears more of the voice), else the VAD's."""
+        return REALTIME_RATE if self.turns.realtime is not None else VAD_RATE
+
     async def _listen(self, track: MediaStreamTrack) -> None:
         model = self.providers.vad
         vad = VADStream(model, self.turns.settings.vad) if model is not None else None
         if vad is not None:
             self.turns.hear_through(vad)
-        downsample = MicDownsampler(VAD_RATE)
         realtime = self.turns.realtime
-        # A speech-to-speech model hears the caller at its own rate.
-        to_model = MicDownsampler(REALTIME_RATE) if realtime is not None else None
+        to_vad: StreamResampler | None = None
         with contextlib.suppress(MediaStreamError):
             while True:
-                frame = await track.recv()
+                audio = await track.recv()
                 if vad is None or not self.turns.listens:
                     continue
-                assert isinstance(frame, av.AudioFrame)
-                if realtime is not None and to_model is not None:
-                    realtime.on_audio(to_model(frame))
-                # On the loop: a 20 ms frame costs ~0.1 ms (resampling, Silero in onnxruntime),
-                # less than a round trip through an executor thread would.
-                for event in vad.feed(downsample(frame)):
+                assert isinstance(audio, MicAudio)  # low_latency_audio decodes to these
+                if realtime is not None:
+                    realtime.on_audio(audio.samples)
+                samples = audio.samples
+                if audio.rate != VAD_RATE:
+                    if to_vad is None or to_vad.src_rate != audio.rate:
+                        to_vad = StreamResampler(audio.rate, VAD_RATE)
+                    samples = to_vad.feed(samples)
+                # On the loop: a 20 ms frame costs ~0.1 ms (Silero in onnxruntime), less than
+                # a round trip through an executor thread would.
+                for event in vad.feed(samples):
                     self.turns.on_vad(event)
 
     def admit_message(self) -> None:

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any, NamedTuple
+
 import av
 import numpy as np
-from aiortc import RTCRtpTransceiver
+from aiortc import RTCRtpCodecParameters, RTCRtpTransceiver
+from aiortc.codecs import get_decoder
 from aiortc.jitterbuffer import JitterBuffer
 
 from rtc_server.aiortc_compat import decode_on_loop, set_receiver_jitter_buffer
+from rtc_server.media.libopus import OpusError, OpusMonoDecoder
 from rtc_server.media.resample import StreamResampler
+
+logger = logging.getLogger(__name__)
 
 MIC_PREFETCH = 1
 """Packets aiortc waits for after an audio frame before releasing it (its default is 4)."""
 
 
-def low_latency_audio(transceiver: RTCRtpTransceiver, prefetch: int = MIC_PREFETCH) -> None:
-    """Release microphone frames after ``prefetch`` later packets instead of aiortc's 4.
+def low_latency_audio(
+    transceiver: RTCRtpTransceiver, rate: int = 16_000, prefetch: int = MIC_PREFETCH
+) -> None:
+    """Release microphone frames after ``prefetch`` later packets instead of aiortc's 4, and
+    hand them to the track's ``recv()`` as :class:`MicAudio` at ``rate`` (:class:`MicDecoder`).
 
     aiortc's audio jitter buffer is sized for playing audio out smoothly: it holds 80 ms. We
     only listen (VAD, STT, barge-in), where every millisecond held is reaction time lost, and
@@ -25,7 +35,47 @@ def low_latency_audio(transceiver: RTCRtpTransceiver, prefetch: int = MIC_PREFET
         raise ValueError("low_latency_audio is for audio receivers")
     set_receiver_jitter_buffer(transceiver, JitterBuffer(capacity=16, prefetch=prefetch))
     # And decoded on the loop as it arrives, without a round trip through a decoder thread.
-    decode_on_loop(transceiver)
+    decode_on_loop(transceiver, MicDecoder(rate))
+
+
+class MicAudio(NamedTuple):
+    """One received frame of the caller's microphone."""
+
+    samples: np.ndarray
+    """Mono int16 at ``rate``."""
+    rate: int
+
+
+class MicDecoder:
+    """The caller's encoded frames as mono int16 at ``rate``, the rate the call listens at.
+
+    Opus (what browsers send) is decoded by libopus straight to mono at that rate: no stereo
+    48 kHz frame to mix and resample, 50 times a second a call. Other codecs (G.711 from a
+    client that offers nothing else) go through aiortc's decoder, then :class:`MicDownsampler`.
+    A frame that cannot be decoded is logged and skipped: the VAD hears a 20 ms gap.
+    """
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._opus: OpusMonoDecoder | None = None
+        self._other: tuple[str, Any, MicDownsampler] | None = None
+
+    def __call__(self, codec: RTCRtpCodecParameters, encoded_frame: Any) -> list[MicAudio]:
+        try:
+            if codec.name.lower() == "opus":
+                if self._opus is None:
+                    self._opus = OpusMonoDecoder(self.rate)
+                return [MicAudio(self._opus.decode(encoded_frame.data), self.rate)]
+            if self._other is None or self._other[0] != codec.name:
+                self._other = (codec.name, get_decoder(codec), MicDownsampler(self.rate))
+            _, decoder, downsample = self._other
+            frames = decoder.decode(encoded_frame)
+            return [
+                MicAudio(downsample(f), self.rate) for f in frames if isinstance(f, av.AudioFrame)
+            ]
+        except (OpusError, av.FFmpegError) as exc:
+            logger.warning("the caller's %s frame could not be decoded: %s", codec.name, exc)
+            return []
 
 
 class MicDownsampler:

@@ -7,6 +7,8 @@ silence has lasted ``SILENCE_WARMUP`` frames (the end of the speech before it fu
 sends the last silent packet again for each further silent frame: the receiver decodes silence
 either way, and the speech after it is as close to its source as a fully encoded stream's
 (log-spectral distance 0.123 against 0.124 after a 3 s pause, measured on the bundled voice).
+libopus is called directly (:mod:`rtc_server.media.libopus`), with FFmpeg's settings: the same
+packets as through PyAV, without an ``AudioFrame`` and a resampler graph around each one.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from av.frame import Frame
 from av.packet import Packet
 
 from rtc_server.aiortc_compat import samples_level_dbov
+from rtc_server.media.libopus import OpusMonoEncoder
 
-__all__ = ["BIT_RATE", "SILENCE_WARMUP", "EncodedAudio", "ReplyOpusEncoder"]
+__all__ = ["BIT_RATE", "FRAME_SAMPLES", "SILENCE_WARMUP", "EncodedAudio", "ReplyOpusEncoder"]
 
 RATE = 48_000
 TIME_BASE = fractions.Fraction(1, RATE)
@@ -32,6 +35,8 @@ BIT_RATE = 64_000
 """Mono at 64 kb/s: closer to the voice than aiortc's stereo 96 kb/s (log-spectral distance
 0.069 against 0.107 on the bundled voice), in 53 kb/s on the wire against 65."""
 SILENCE_WARMUP = 10
+FRAME_SAMPLES = RATE // 50
+"""20 ms: the frame the reply track makes and the packet time the browser expects."""
 """Silent frames encoded for real after sound, before the cached silent packet is replayed."""
 
 
@@ -54,15 +59,7 @@ class ReplyOpusEncoder(Encoder):
         silence_warmup: int = SILENCE_WARMUP,
     ) -> None:
         """``on_frame(replayed)`` is called for every frame sent (a metrics hook)."""
-        codec = av.CodecContext.create("libopus", "w")
-        assert isinstance(codec, av.AudioCodecContext)
-        codec.bit_rate = bit_rate
-        codec.format = "s16"
-        codec.layout = "mono"
-        codec.sample_rate = RATE
-        codec.time_base = TIME_BASE
-        codec.options = {"application": "voip"}
-        self._codec = codec
+        self._codec = OpusMonoEncoder(RATE, bit_rate)
         self._warmup = silence_warmup
         self._silent_run = 0
         self._silence: bytes | None = None
@@ -77,9 +74,11 @@ class ReplyOpusEncoder(Encoder):
             raise TypeError("the reply encoder takes timed audio frames")
         if frame.format.name != "s16" or frame.layout.name != "mono" or frame.sample_rate != RATE:
             raise ValueError(f"the reply encoder takes 48 kHz mono s16, not {frame.format.name}")
+        if frame.samples != FRAME_SAMPLES:
+            raise ValueError(f"the reply encoder takes 20 ms frames, not {frame.samples} samples")
         timestamp = convert_timebase(frame.pts, frame.time_base, TIME_BASE)
         samples = np.frombuffer(memoryview(frame.planes[0]), np.int16)[: frame.samples]
-        return self._payloads(samples, lambda: frame), timestamp
+        return [self._payload(samples)], timestamp
 
     def encode_samples(self, pcm: np.ndarray, pts: int) -> EncodedAudio:
         """One frame of 48 kHz mono s16 samples, stamped ``pts`` (in samples), as its Opus packet.
@@ -88,36 +87,28 @@ class ReplyOpusEncoder(Encoder):
         on the event loop, without the executor round trip aiortc makes for every frame it
         encodes itself, which costs more than encoding a 20 ms frame or replaying silence.
         """
-
-        def frame() -> av.AudioFrame:
-            f = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-            f.sample_rate = RATE
-            f.pts = pts
-            f.time_base = TIME_BASE
-            return f
-
-        payloads = self._payloads(pcm, frame)
-        if len(payloads) != 1:  # libopus codes each 20 ms frame as one packet, at once
-            raise RuntimeError(f"libopus gave {len(payloads)} packets for one frame")
+        if len(pcm) != FRAME_SAMPLES:
+            raise ValueError(f"the reply encoder takes 20 ms frames, not {len(pcm)} samples")
+        payload = self._payload(pcm)
         # A silent frame's level is -127 dBov: no need to sum its samples (most frames are).
         level = -127 if self._silent_run else samples_level_dbov(pcm)
-        return EncodedAudio(payloads[0], pts, level)
+        return EncodedAudio(payload, pts, level)
 
-    def _payloads(self, samples: np.ndarray, frame: Callable[[], av.AudioFrame]) -> list[bytes]:
+    def _payload(self, samples: np.ndarray) -> bytes:
         silent = not samples.any()
         self._silent_run = self._silent_run + 1 if silent else 0
         if silent and self._silence is not None and self._silent_run > self._warmup:
             self.replayed += 1
             if self._on_frame is not None:
                 self._on_frame(True)
-            return [self._silence]
-        payloads = [bytes(p) for p in self._codec.encode(frame())]
+            return self._silence
+        payload = self._codec.encode(samples)
         self.encoded += 1
         if self._on_frame is not None:
             self._on_frame(False)
-        if silent and payloads:
-            self._silence = payloads[-1]
-        return payloads
+        if silent:
+            self._silence = payload
+        return payload
 
     def pack(self, packet: Packet[Any]) -> tuple[list[bytes], int]:
         if packet.pts is None or packet.time_base is None:
