@@ -430,3 +430,54 @@ async def test_a_still_picture_repeats_sparsely_converted_once_and_speech_goes_e
     assert instants == list(range(instants[0], instants[0] + 5)) and instants[0] > 15
     assert len({id(f) for f in frames}) == 5 and frames[0] is not sent[0][1]
     await scheduler.aclose()
+
+
+class StarvedEngine:
+    """Takes speech and never has a whole frame of it: idle frames only, each one counted."""
+
+    fps = 25
+    sample_rate = 48_000
+    frame_size = (4, 4)
+    latency = 0.04
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def push_audio(self, chunk: AudioChunk, segment_id: int) -> None:
+        pass
+
+    async def end_segment(self, segment_id: int) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    async def frames(self) -> AsyncIterator[AvatarFrame]:
+        idle = np.zeros((4, 4, 3), np.uint8)
+        while True:
+            await asyncio.sleep(0)
+            self.asked += 1
+            yield AvatarFrame(idle, AudioChunk(np.zeros(N, np.int16), 48_000), False, -1)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_engine_waiting_for_speech_is_not_asked_for_idle_frames_in_a_spin() -> None:
+    engine = StarvedEngine()
+    scheduler = AVScheduler(engine, lead_frames=2)
+    scheduler.start()
+    try:
+        # Half a frame of speech: a run of speech starts, the engine has no frame of it yet.
+        await scheduler.push_audio(AudioChunk(_speech(1)[: N // 2], 48_000), 0)
+        before = engine.asked
+        await asyncio.sleep(0.4)
+        # About one idle frame per frame time (10 in 0.4 s), not one per turn of the loop.
+        assert engine.asked - before <= 20, engine.asked - before
+        # More speech handed over: the engine is asked again at once, not a frame time later.
+        asked = engine.asked
+        await scheduler.push_audio(AudioChunk(_speech(1)[N // 2 :], 48_000), 0)
+        await _settle()
+        assert engine.asked > asked
+    finally:
+        await scheduler.aclose()

@@ -130,6 +130,8 @@ class AVScheduler:
         """The newest frame that arrived after its instant, for the next instant that has none."""
         self._idle: collections.deque[AvatarFrame] = collections.deque()
         self._space = asyncio.Event()
+        self._fed = asyncio.Event()
+        """Set when the engine is handed speech (or its end, or a clear)."""
         self._generation = 0
         self._units: dict[int, Unit] = {}
         self._position: dict[str, int] = {}
@@ -167,6 +169,7 @@ class AVScheduler:
         if self.on_queued is not None:
             self.on_queued()
         await self.engine.push_audio(chunk, segment_id)
+        self._fed.set()
 
     async def end_segment(self, segment_id: int) -> None:
         """No more audio for ``segment_id``: its last partial piece is padded and plays."""
@@ -175,6 +178,7 @@ class AVScheduler:
         if self.on_queued is not None:
             self.on_queued()  # its last partial piece can play now
         await self.engine.end_segment(segment_id)
+        self._fed.set()
 
     def audio_from(self, unit: int | None) -> None:
         """The audio track's first unit: speech is placed no earlier, so none of it goes
@@ -215,6 +219,7 @@ class AVScheduler:
         self._late = None
         self.engine.clear()
         self._space.set()
+        self._fed.set()
         for index in [i for i in self._units if i >= self._next_unit]:
             del self._units[index]
         if self.on_clear is not None:
@@ -256,6 +261,7 @@ class AVScheduler:
                     self._space.clear()
                     await self._space.wait()
                 generation = self._generation
+                self._fed.clear()  # speech handed over while the engine works is kept
                 try:
                     frame = await anext(frames)
                 except StopAsyncIteration:
@@ -269,11 +275,22 @@ class AVScheduler:
                 self._idle.append(frame)
                 while len(self._idle) > self._lead:
                     self._idle.popleft()
+                if self._speech_from is not None:
+                    await self._wait_for_speech()
         except asyncio.CancelledError:
             raise
         except Exception:
             # The engine failing must not end the call: the speech plays on over a still image.
             logger.exception("lip-sync engine failed; its last image is held from now on")
+
+    async def _wait_for_speech(self) -> None:
+        """Speech is running, but the engine had none of it to render (the TTS's next piece
+        has not come, or only part of a frame's): wait until it is handed more, or for one
+        frame's time, before asking again. The room for frames only counts faces while speech
+        runs, so otherwise the engine's idle frames would be pulled as fast as the loop turns
+        (about 130 a second on one speaking call, measured)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._fed.wait(), 1 / self.fps)
 
     def _take_face(self, frame: AvatarFrame) -> None:
         segment = frame.segment_id
