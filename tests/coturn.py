@@ -118,6 +118,10 @@ class Allocation:
 class Coturn:
     port: int
     log: Path
+    tls_port: int | None = None
+    """Where it takes TURN over TLS (``turns:``), when it was given a certificate."""
+    cert: Path | None = None
+    """That certificate (PEM)."""
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -139,18 +143,33 @@ class Coturn:
                 allocation.closed = True
             elif what.startswith("TCP socket"):
                 allocation.transport = "TCP"
+            elif what.startswith("TLS/TCP socket"):
+                allocation.transport = "TLS"
         return [a for a in found.values() if a.username == username]
 
 
 @contextlib.contextmanager
 def running_coturn(
-    config: Path, directory: Path, secret: str, options: Sequence[str] = ()
+    config: Path,
+    directory: Path,
+    secret: str,
+    options: Sequence[str] = (),
+    tls: tuple[Path, Path] | None = None,
 ) -> Iterator[Coturn]:
     """coturn with ``config`` (and ``options``, ``--name=value``) on a free port of
     127.0.0.1, its log, pid file and user database in ``directory``; skips when coturn is
-    not installed. ``secret`` is its static-auth-secret (``use-auth-secret``)."""
+    not installed. ``secret`` is its static-auth-secret (``use-auth-secret``). ``tls``
+    (certificate, key): TURN over TLS too, on a second free port."""
     require_coturn()
     port = free_port()
+    tls_port = None
+    while tls is not None and tls_port in (None, port):
+        tls_port = free_port()
+    tls_options = (
+        ["--no-tls"]
+        if tls is None
+        else [f"--cert={tls[0]}", f"--pkey={tls[1]}", f"--tls-listening-port={tls_port}"]
+    )
     log = directory / "turnserver.log"
     with (directory / "turnserver.out").open("w") as out:
         process = subprocess.Popen(
@@ -163,7 +182,7 @@ def running_coturn(
                 "--relay-ip=127.0.0.1",
                 f"--listening-port={port}",
                 f"--static-auth-secret={secret}",
-                "--no-tls",
+                *tls_options,
                 "--no-dtls",
                 "--no-cli",
                 "--no-rfc5780",  # no second (alternate) listening port
@@ -194,7 +213,7 @@ def running_coturn(
                 time.sleep(0.2)
             finally:
                 client.close()
-        yield Coturn(port, log)
+        yield Coturn(port, log, tls_port, tls[0] if tls is not None else None)
     finally:
         process.terminate()
         try:

@@ -2,10 +2,11 @@
 
 The server mints the TURN credentials (coturn's shared-secret scheme) and hands them out on
 ``/ice-servers``; an aiortc caller takes them from there and gathers relay candidates alone
-(``iceTransportPolicy: "relay"``), reaching coturn over UDP or over TCP, so every packet of its
+(``iceTransportPolicy: "relay"``), reaching coturn over UDP, over TCP or over TLS (``turns:``,
+coturn holding a certificate made for the test, which the caller trusts), so every packet of its
 call goes through the relay. Each relayed call must do what a direct call in the same run
 does: the reply spoken in full, video at a steady pace, the mouth in sync with the audio.
-Chromium makes the same calls from the call page with ``?relay``, over UDP and over TCP.
+Chromium makes the same calls from the call page with ``?relay``, over UDP, TCP and TLS.
 
 coturn runs with a config of this test's own: the shipped ``deploy/turnserver.conf`` denies
 loopback peers on purpose (``tests/test_turn_relay.py``), and here the avatar server is one.
@@ -31,6 +32,7 @@ from benchmarks.analysis import (
 )
 from benchmarks.client import CallClient, fetch_ice_servers
 from rtc_server.engine_factory import EngineFactory
+from tests.certs import self_signed, spki_sha256
 from tests.conftest import LiveServer, start_server
 from tests.coturn import Allocation, Coturn, running_coturn
 from tests.waiting import wait_for_video
@@ -43,8 +45,9 @@ SENTENCES = (
 )
 
 # Loopback peers allowed (the avatar server is on 127.0.0.1), and nothing else to it: no
-# deny list, no TLS or DTLS listeners, no admin CLI. tests/coturn.py adds the port, the log
-# and the 127.0.0.1-only listening and relay addresses on the command line as well.
+# deny list, no DTLS listener, no admin CLI. tests/coturn.py adds the ports (TLS on one of its
+# own), the certificate, the log and the 127.0.0.1-only listening and relay addresses on the
+# command line as well.
 CONFIG = """\
 listening-ip=127.0.0.1
 relay-ip=127.0.0.1
@@ -55,7 +58,6 @@ fingerprint
 allow-loopback-peers
 no-multicast-peers
 no-cli
-no-tls
 no-dtls
 log-file={log}
 simple-log
@@ -63,10 +65,14 @@ simple-log
 
 
 @pytest.fixture
-def coturn(tmp_path: Path) -> Iterator[Coturn]:
+def coturn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Coturn]:
     config = tmp_path / "turnserver.conf"
     config.write_text(CONFIG.format(secret=SECRET, log=tmp_path / "turnserver.log"))
-    with running_coturn(config, tmp_path, SECRET) as server:
+    cert, key = self_signed(tmp_path)
+    # The callers of this process trust that certificate alone (Python's default context
+    # reads SSL_CERT_FILE when it is made: aioice makes one per TLS connection to the relay).
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    with running_coturn(config, tmp_path, SECRET, tls=(cert, key)) as server:
         yield server
 
 
@@ -74,9 +80,12 @@ def coturn(tmp_path: Path) -> Iterator[Coturn]:
 async def relay_server(
     engine_factory: EngineFactory, cache_dir: Path, coturn: Coturn
 ) -> AsyncIterator[LiveServer]:
-    """The server, with coturn's URLs (UDP first, then TCP) and secret; only the test's own
-    callers reach it (``private_network``: credentials without an API key)."""
-    urls = tuple(f"turn:127.0.0.1:{coturn.port}?transport={t}" for t in ("udp", "tcp"))
+    """The server, with coturn's URLs (UDP first, then TCP, then TLS) and secret; only the
+    test's own callers reach it (``private_network``: credentials without an API key)."""
+    urls = (
+        *(f"turn:127.0.0.1:{coturn.port}?transport={t}" for t in ("udp", "tcp")),
+        f"turns:127.0.0.1:{coturn.tls_port}?transport=tcp",
+    )
     server, runner = await start_server(
         engine_factory, cache_dir, turn_secret=SECRET, turn_urls=urls, private_network=True
     )
@@ -173,12 +182,12 @@ async def test_calls_through_a_real_turn_relay_speak_and_lip_sync_as_a_direct_ca
     servers = await fetch_ice_servers(relay_server.url)
     assert len(servers) == 1 and servers[0].username and servers[0].credential, servers
     urls = servers[0].urls
-    assert isinstance(urls, list) and len(urls) == 2, urls
+    assert isinstance(urls, list) and len(urls) == 3, urls
 
     figures = [await _call(relay_server, "direct", CallClient(relay_server.url))]
-    for transport in ("udp", "tcp"):
+    for transport in ("udp", "tcp", "tls"):
         # aiortc takes the first TURN URL of a server: one URL, one transport to coturn.
-        (url,) = [u for u in urls if u.endswith(f"?transport={transport}")]
+        (url,) = [u for u in urls if _reaches_coturn_over(u, transport)]
         # Credentials of their own for each call, as a page gets them.
         (server,) = await fetch_ice_servers(relay_server.url)
         server.urls = url
@@ -214,6 +223,13 @@ async def test_calls_through_a_real_turn_relay_speak_and_lip_sync_as_a_direct_ca
         assert abs(f.sounding_s - direct.sounding_s) <= 0.04, (f, direct)
 
 
+def _reaches_coturn_over(url: str, transport: str) -> bool:
+    """Whether a TURN URL reaches the relay over ``transport`` (udp, tcp, or tls)."""
+    if transport == "tls":
+        return url.startswith("turns:")
+    return url.startswith("turn:") and url.endswith(f"?transport={transport}")
+
+
 async def _ended_allocations(
     coturn: Coturn, username: str, timeout: float = 30
 ) -> list[Allocation]:
@@ -231,14 +247,15 @@ async def _ended_allocations(
 
 @pytest.mark.browser
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("transport", ["udp", "tcp"])
+@pytest.mark.parametrize("transport", ["udp", "tcp", "tls"])
 async def test_chromium_calls_through_the_relay_only(
     relay_server: LiveServer, coturn: Coturn, tmp_path: Path, transport: str
 ) -> None:
     """The call page with ``?relay``: Chromium gathers relay candidates only, the pair it
     selects is a relay over the transport asked for, coturn carries the call, and the reply
     plays. The page's TURN URLs are cut to one transport on their way (a network that lets
-    only that one through)."""
+    only that one through). Over TLS Chromium checks the relay's certificate (a call with it
+    unknown does not connect): it is given the test certificate's key to trust."""
     from playwright.async_api import Route
 
     from benchmarks.browser import chromium_missing, chromium_page, say_from_page, start_call
@@ -250,10 +267,13 @@ async def test_chromium_calls_through_the_relay_only(
         response = await route.fetch()
         body = await response.json()
         for server in body["iceServers"]:
-            server["urls"] = [u for u in server["urls"] if u.endswith(f"?transport={transport}")]
+            server["urls"] = [u for u in server["urls"] if _reaches_coturn_over(u, transport)]
         await route.fulfill(response=response, json=body)
 
-    async with chromium_page(tmp_path / "profile") as page:
+    # Chromium trusts the relay's certificate as it would a CA's: the test's key, pinned.
+    assert coturn.cert is not None
+    trusted = [f"--ignore-certificate-errors-spki-list={spki_sha256(coturn.cert)}"]
+    async with chromium_page(tmp_path / "profile", trusted) as page:
         await page.route("**/ice-servers", one_transport)
         session_id = await start_call(page, f"{relay_server.url}/?relay")
         assert session_id in relay_server.manager.sessions
