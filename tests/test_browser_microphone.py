@@ -127,3 +127,54 @@ async def test_microphone_constraints_picker_mute_and_meter(
         )
         await page.get_by_role("button", name="Stop").click()
         await expect(picker).to_be_hidden()
+
+
+@pytest.mark.browser
+@needs_chromium
+async def test_a_microphone_that_goes_mid_call_falls_back_to_the_default(
+    live_server: LiveServer, tmp_path: Path
+) -> None:
+    """Chromium's fake microphones cannot be unplugged, so the page is told so as the browser
+    would tell it: the device list without the one in use and a ``devicechange`` event; then
+    the other way a microphone goes, its track ending. Each time the call carries on with the
+    default microphone, in the same session."""
+    async with chromium_page(tmp_path / "profile") as page:
+        session_id = await start_call(page, f"{live_server.url}/")
+        picker = page.get_by_label("Microphone", exact=True)
+        await picker.select_option(label="Fake Audio Input 2")
+        await page.wait_for_function(f"() => {SENT_TRACK}.label === 'Fake Audio Input 2'")
+        gone = await page.evaluate(
+            f"""() => {{
+                const devices = navigator.mediaDevices;
+                const list = devices.enumerateDevices.bind(devices);
+                const gone = {SENT_TRACK}.getSettings().deviceId;
+                devices.enumerateDevices = async () =>
+                    (await list()).filter((d) => d.deviceId !== gone);
+                devices.dispatchEvent(new Event("devicechange"));
+                return gone;
+            }}"""
+        )
+        await page.wait_for_function(f"() => {SENT_TRACK}.label !== 'Fake Audio Input 2'")
+        fallen_back = await _sent(page)
+        assert fallen_back["state"] == "live" and fallen_back["settings"]["deviceId"] != gone
+        options = await picker.locator("option").all_text_contents()
+        assert len(options) == 2 and "Fake Audio Input 2" not in options, options
+        await _more_packets_sent(page)
+
+        # The track in use ends (the device went away under it): the default again.
+        ended = await page.evaluate(
+            f"""() => {{
+                const track = {SENT_TRACK};
+                track.stop();
+                navigator.mediaDevices.dispatchEvent(new Event("devicechange"));
+                return track.id;
+            }}"""
+        )
+        await page.wait_for_function(
+            f"() => {SENT_TRACK}.id !== {ended!r} && {SENT_TRACK}.readyState === 'live'"
+        )
+        await _more_packets_sent(page)
+        assert await page.evaluate("() => window.avatarCall.sessionId") == session_id
+        assert await page.evaluate("() => window.avatarCall.pc.connectionState") == "connected"
+        assert list(live_server.manager.sessions) == [session_id]
+        await page.get_by_role("button", name="Stop").click()
