@@ -79,15 +79,37 @@ def _check(code: int, what: str) -> int:
     return code
 
 
-class OpusMonoEncoder:
+class _LibopusState:
+    """A libopus encoder or decoder state: freed by :meth:`close` or when collected."""
+
+    _DESTROY = ""
+    """The libopus function that frees it."""
+    _handle: int | None = None
+
+    def _live(self) -> int:
+        if self._handle is None:
+            raise OpusError(f"the {type(self).__name__} is closed")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            getattr(library(), self._DESTROY)(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class OpusMonoEncoder(_LibopusState):
     """A mono VoIP encoder: 16-bit samples of one frame in, its Opus packet out.
 
     Set as FFmpeg's libopus encoder sets itself by default (variable bit rate, unconstrained;
     complexity 10), so its packets are the ones PyAV's encoder would make.
     """
 
+    _DESTROY = "opus_encoder_destroy"
+
     def __init__(self, rate: int, bit_rate: int, complexity: int = 10) -> None:
-        self._handle: int | None = None
         lib = library()
         error = ctypes.c_int()
         handle = lib.opus_encoder_create(rate, 1, _APPLICATION_VOIP, ctypes.byref(error))
@@ -107,28 +129,18 @@ class OpusMonoEncoder:
 
     def encode(self, pcm: np.ndarray) -> bytes:
         """One frame (2.5 to 60 ms of int16 samples) as one packet."""
-        if self._handle is None:
-            raise OpusError("the encoder is closed")
+        handle = self._live()
         samples = np.ascontiguousarray(pcm, np.int16)
-        n = library().opus_encode(
-            self._handle, samples.ctypes.data, len(samples), self._out, _MAX_PACKET
-        )
+        n = library().opus_encode(handle, samples.ctypes.data, len(samples), self._out, _MAX_PACKET)
         return self._out.raw[: _check(n, "encoding a frame")]
 
-    def close(self) -> None:
-        if self._handle is not None:
-            library().opus_encoder_destroy(self._handle)
-            self._handle = None
 
-    def __del__(self) -> None:
-        self.close()
-
-
-class OpusMonoDecoder:
+class OpusMonoDecoder(_LibopusState):
     """Any Opus stream (mono or stereo) decoded to mono int16 at ``rate`` (a DECODE_RATES one)."""
 
+    _DESTROY = "opus_decoder_destroy"
+
     def __init__(self, rate: int) -> None:
-        self._handle: int | None = None
         if rate not in DECODE_RATES:
             raise ValueError(f"libopus decodes at {DECODE_RATES} Hz, not {rate}")
         lib = library()
@@ -141,17 +153,8 @@ class OpusMonoDecoder:
 
     def decode(self, packet: bytes) -> np.ndarray:
         """One packet's samples (a copy); OpusError for a packet libopus cannot read."""
-        if self._handle is None:
-            raise OpusError("the decoder is closed")
+        handle = self._live()
         n = library().opus_decode(
-            self._handle, packet, len(packet), self._pcm.ctypes.data, len(self._pcm), 0
+            handle, packet, len(packet), self._pcm.ctypes.data, len(self._pcm), 0
         )
         return self._pcm[: _check(n, "decoding a packet")].copy()
-
-    def close(self) -> None:
-        if self._handle is not None:
-            library().opus_decoder_destroy(self._handle)
-            self._handle = None
-
-    def __del__(self) -> None:
-        self.close()
