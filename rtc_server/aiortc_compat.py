@@ -461,13 +461,18 @@ def _observed_datagram_received(
 def kernel_arrival(sock: Any) -> float:
     """When the kernel received the datagram last read from ``sock`` (a socket, or asyncio's
     wrapper of one), on :func:`time.monotonic`'s scale (now, where it cannot say)."""
-    now = time.monotonic()
     if sock is None:
-        return now
+        return time.monotonic()
     try:
         raw = fcntl.ioctl(sock.fileno(), _SIOCGSTAMPNS, bytes(16))
     except OSError:  # no stamp yet: the first call turns them on for the socket
-        return now
+        return time.monotonic()
     seconds, nanoseconds = struct.unpack("qq", raw)
-    received: float = seconds + nanoseconds / 1e9 - time.time() + now
-    return min(received, now)
+    # The stamp is on the wall clock: matched to the monotonic one by a reading of both that
+    # was not interrupted (a thread preempted between them would shift every arrival).
+    for _ in range(3):
+        before, wall, after = time.monotonic(), time.time(), time.monotonic()
+        if after - before < 0.001:
+            break
+    received: float = seconds + nanoseconds / 1e9 - wall + (before + after) / 2
+    return min(received, after)
