@@ -24,8 +24,7 @@ from rtc_server.call_tasks import CallTasks
 from rtc_server.event_channel import EventChannel
 from rtc_server.logs import CallLog
 from rtc_server.media.clock import MonotonicClock
-from rtc_server.media.inbound import MicAudio
-from rtc_server.media.resample import StreamResampler
+from rtc_server.media.inbound import MicAudio, ToRate
 from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.media.tracks import STILL_REPEAT_S, AvatarAudioTrack, AvatarVideoTrack
@@ -333,7 +332,7 @@ class AvatarSession:
         if vad is not None:
             self.turns.hear_through(vad)
         realtime = self.turns.realtime
-        to_vad: StreamResampler | None = None
+        to_vad, to_model = ToRate(VAD_RATE), ToRate(REALTIME_RATE)
         with contextlib.suppress(MediaStreamError):
             while True:
                 audio = await track.recv()
@@ -341,14 +340,10 @@ class AvatarSession:
                     continue
                 assert isinstance(audio, MicAudio)  # low_latency_audio decodes to these
                 if realtime is not None:
-                    realtime.on_audio(audio.samples)
-                samples = audio.samples
-                if audio.rate != VAD_RATE:
-                    if to_vad is None or to_vad.src_rate != audio.rate:
-                        to_vad = StreamResampler(audio.rate, VAD_RATE)
-                    samples = to_vad.feed(samples)
+                    realtime.on_audio(to_model(audio))
                 # On the loop: a 20 ms frame costs ~0.1 ms (Silero in onnxruntime), less than
                 # a round trip through an executor thread would.
+                samples = to_vad(audio)
                 for event in vad.feed(samples):
                     self.turns.on_vad(event)
 

@@ -14,7 +14,7 @@ from aiortc.codecs.g711 import PcmuEncoder
 from aiortc.codecs.opus import OpusDecoder
 from aiortc.jitterbuffer import JitterFrame
 
-from rtc_server.media.inbound import MicAudio, MicDecoder, MicDownsampler
+from rtc_server.media.inbound import MicAudio, MicDecoder, MicDownsampler, ToRate
 from rtc_server.media.libopus import OpusError, OpusMonoDecoder, OpusMonoEncoder
 from rtc_server.media.opus import BIT_RATE, ReplyOpusEncoder
 
@@ -137,3 +137,15 @@ def test_decoders_refuse_what_libopus_cannot_do() -> None:
     decoder.close()
     with pytest.raises(OpusError, match="closed"):
         decoder.decode(b"\x00")
+
+
+def test_audio_decoded_at_another_rate_is_brought_to_the_one_asked() -> None:
+    to_vad = ToRate(16_000)
+    same = MicAudio(np.arange(320, dtype=np.int16), 16_000)
+    assert to_vad(same) is same.samples  # decoded at the VAD's rate: passed as it is
+    # A speech-to-speech call decodes at 24 kHz: its VAD hears the stream at 16, no sample
+    # gained or lost over the frames (the resampler's ~10-sample delay aside).
+    to_vad = ToRate(16_000)
+    frames = [MicAudio(f[::2].copy(), 24_000) for f in _frames(_voice(1.0))]
+    out = np.concatenate([to_vad(f) for f in frames])
+    assert 16_000 - 20 <= len(out) <= 16_000 and out.dtype == np.int16

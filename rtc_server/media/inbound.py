@@ -46,6 +46,22 @@ class MicAudio(NamedTuple):
     rate: int
 
 
+class ToRate:
+    """:class:`MicAudio` as int16 at ``rate``: as it is when decoded at that rate, else
+    resampled as one stream (a speech-to-speech call decodes at 24 kHz; its VAD hears 16)."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._resampler: StreamResampler | None = None
+
+    def __call__(self, audio: MicAudio) -> np.ndarray:
+        if audio.rate == self.rate:
+            return audio.samples
+        if self._resampler is None or self._resampler.src_rate != audio.rate:
+            self._resampler = StreamResampler(audio.rate, self.rate)
+        return self._resampler.feed(audio.samples)
+
+
 class MicDecoder:
     """The caller's encoded frames as mono int16 at ``rate``, the rate the call listens at.
 
