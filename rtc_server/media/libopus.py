@@ -20,6 +20,8 @@ from functools import cache
 import av
 import numpy as np
 
+from musetalk_core.types import AvatarRtcError
+
 __all__ = ["DECODE_RATES", "OpusError", "OpusMonoDecoder", "OpusMonoEncoder", "library"]
 
 DECODE_RATES = (8_000, 12_000, 16_000, 24_000, 48_000)
@@ -33,7 +35,7 @@ _MAX_FRAME_S = 0.12
 """The longest Opus packet (120 ms)."""
 
 
-class OpusError(RuntimeError):
+class OpusError(AvatarRtcError, RuntimeError):
     """libopus refused: a bad packet, a bad setting, or no libopus at all."""
 
 
