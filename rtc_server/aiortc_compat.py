@@ -30,7 +30,6 @@ from importlib.metadata import version
 from typing import Any
 
 import aioice.ice
-import av
 import numpy as np
 from aioice import Candidate
 from aiortc import (
@@ -41,7 +40,6 @@ from aiortc import (
     RTCRtpTransceiver,
     rtp,
 )
-from aiortc.codecs import get_decoder
 from aiortc.codecs.base import Encoder
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcrtpsender import RTCEncodedFrame
@@ -110,11 +108,11 @@ Decode = Callable[[RTCRtpCodecParameters, Any], list[Any]]
 class _DecodeOnLoop:
     """Stands in for an ``RTCRtpReceiver``'s decoder queue (see :func:`decode_on_loop`)."""
 
-    def __init__(self, receiver: RTCRtpReceiver, decode: Decode | None = None) -> None:
+    def __init__(self, receiver: RTCRtpReceiver, decode: Decode) -> None:
         self._receiver = receiver
         """Its track (and so the queue the frames go to) exists once the offer is applied."""
         self._stopped = threading.Event()
-        self._decode = decode or _AiortcDecode()
+        self._decode = decode
 
     def put(self, item: Any) -> None:
         """aiortc's receiver hands over ``(codec, encoded_frame)``, on the event loop; None
@@ -133,27 +131,9 @@ class _DecodeOnLoop:
         self._stopped.wait()
 
 
-class _AiortcDecode:
-    """aiortc's own decoder for the negotiated codec, as its decoder thread would run it."""
-
-    def __init__(self) -> None:
-        self._decoder: Any = None
-        self._codec_name: str | None = None
-
-    def __call__(self, codec: RTCRtpCodecParameters, encoded_frame: Any) -> list[Any]:
-        if codec.name != self._codec_name:
-            self._decoder = get_decoder(codec)
-            self._codec_name = codec.name
-        try:
-            return list(self._decoder.decode(encoded_frame))
-        except av.FFmpegError as exc:
-            logger.warning("the caller's %s frame could not be decoded: %s", codec.name, exc)
-            return []
-
-
-def decode_on_loop(transceiver: RTCRtpTransceiver, decode: Decode | None = None) -> None:
-    """Decode ``transceiver``'s incoming audio on the event loop, as its packets arrive, with
-    ``decode`` (default: aiortc's decoder for the codec, giving ``av.AudioFrame``s).
+def decode_on_loop(transceiver: RTCRtpTransceiver, decode: Decode) -> None:
+    """Decode ``transceiver``'s incoming audio on the event loop with ``decode``, as its
+    packets arrive.
 
     aiortc hands every received frame to a decoder thread, which passes each decoded frame back
     to the loop with ``run_coroutine_threadsafe`` (a task per 20 ms frame, two thread wake-ups);

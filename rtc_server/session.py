@@ -343,8 +343,7 @@ class AvatarSession:
                     realtime.on_audio(to_model(audio))
                 # On the loop: a 20 ms frame costs ~0.1 ms (Silero in onnxruntime), less than
                 # a round trip through an executor thread would.
-                samples = to_vad(audio)
-                for event in vad.feed(samples):
+                for event in vad.feed(to_vad(audio)):
                     self.turns.on_vad(event)
 
     def admit_message(self) -> None:

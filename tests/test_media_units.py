@@ -146,14 +146,14 @@ async def test_low_latency_audio_replaces_the_receivers_jitter_buffer() -> None:
         video = pc.addTransceiver("video", direction="recvonly")
         before = audio.receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
         assert before._prefetch == 4  # aiortc's default, which this undoes
-        low_latency_audio(audio)
+        low_latency_audio(audio, 16_000)
         after = audio.receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
         assert after is not before and after._prefetch == 1
         # And its frames are decoded on the loop (decode_on_loop's stand-in queue).
         decoding = audio.receiver._RTCRtpReceiver__decoder_queue  # type: ignore[attr-defined]
         assert type(decoding).__name__ == "_DecodeOnLoop"
         with pytest.raises(ValueError):
-            low_latency_audio(video)
+            low_latency_audio(video, 16_000)
     finally:
         await pc.close()
 
@@ -285,6 +285,7 @@ async def test_decode_on_loop_decodes_as_frames_are_put_and_lets_the_thread_end(
     import threading
 
     from aiortc import RTCRtpCodecParameters
+    from aiortc.codecs.opus import OpusDecoder
     from aiortc.jitterbuffer import JitterFrame
 
     from rtc_server.aiortc_compat import _DecodeOnLoop
@@ -295,7 +296,8 @@ async def test_decode_on_loop_decodes_as_frames_are_put_and_lets_the_thread_end(
             _queue: asyncio.Queue[object] = asyncio.Queue()
 
     out = Receiver._track._queue
-    stand_in = _DecodeOnLoop(Receiver)  # type: ignore[arg-type]
+    decoder = OpusDecoder()  # aiortc's, as its decoder thread would run it
+    stand_in = _DecodeOnLoop(Receiver, lambda _, frame: decoder.decode(frame))  # type: ignore[arg-type]
     codec = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48000, channels=2)
     encoder = ReplyOpusEncoder()
     tone = (8000 * np.sin(np.arange(960) * 2 * np.pi * 440 / 48_000)).astype(np.int16)

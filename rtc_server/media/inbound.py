@@ -22,7 +22,7 @@ MIC_PREFETCH = 1
 
 
 def low_latency_audio(
-    transceiver: RTCRtpTransceiver, rate: int = 16_000, prefetch: int = MIC_PREFETCH
+    transceiver: RTCRtpTransceiver, rate: int, prefetch: int = MIC_PREFETCH
 ) -> None:
     """Release microphone frames after ``prefetch`` later packets instead of aiortc's 4, and
     hand them to the track's ``recv()`` as :class:`MicAudio` at ``rate`` (:class:`MicDecoder`).

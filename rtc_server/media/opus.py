@@ -25,9 +25,10 @@ from av.frame import Frame
 from av.packet import Packet
 
 from rtc_server.aiortc_compat import samples_level_dbov
+from rtc_server.media.clock import AUDIO_SAMPLES
 from rtc_server.media.libopus import OpusMonoEncoder
 
-__all__ = ["BIT_RATE", "FRAME_SAMPLES", "SILENCE_WARMUP", "EncodedAudio", "ReplyOpusEncoder"]
+__all__ = ["BIT_RATE", "SILENCE_WARMUP", "EncodedAudio", "ReplyOpusEncoder"]
 
 RATE = 48_000
 TIME_BASE = fractions.Fraction(1, RATE)
@@ -35,8 +36,6 @@ BIT_RATE = 64_000
 """Mono at 64 kb/s: closer to the voice than aiortc's stereo 96 kb/s (log-spectral distance
 0.069 against 0.107 on the bundled voice), in 53 kb/s on the wire against 65."""
 SILENCE_WARMUP = 10
-FRAME_SAMPLES = RATE // 50
-"""20 ms: the frame the reply track makes and the packet time the browser expects."""
 """Silent frames encoded for real after sound, before the cached silent packet is replayed."""
 
 
@@ -74,7 +73,7 @@ class ReplyOpusEncoder(Encoder):
             raise TypeError("the reply encoder takes timed audio frames")
         if frame.format.name != "s16" or frame.layout.name != "mono" or frame.sample_rate != RATE:
             raise ValueError(f"the reply encoder takes 48 kHz mono s16, not {frame.format.name}")
-        if frame.samples != FRAME_SAMPLES:
+        if frame.samples != AUDIO_SAMPLES:
             raise ValueError(f"the reply encoder takes 20 ms frames, not {frame.samples} samples")
         timestamp = convert_timebase(frame.pts, frame.time_base, TIME_BASE)
         samples = np.frombuffer(memoryview(frame.planes[0]), np.int16)[: frame.samples]
@@ -87,7 +86,7 @@ class ReplyOpusEncoder(Encoder):
         on the event loop, without the executor round trip aiortc makes for every frame it
         encodes itself, which costs more than encoding a 20 ms frame or replaying silence.
         """
-        if len(pcm) != FRAME_SAMPLES:
+        if len(pcm) != AUDIO_SAMPLES:
             raise ValueError(f"the reply encoder takes 20 ms frames, not {len(pcm)} samples")
         payload = self._payload(pcm)
         # A silent frame's level is -127 dBov: no need to sum its samples (most frames are).
