@@ -83,6 +83,8 @@ class Answer:
     holes: list[Hole] = field(default_factory=list)
     """Missing or late audio inside the speech."""
     pauses: list[Hole] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)
+    """The server's own times for the turn (its ``turn`` event's metrics, ms)."""
 
 
 def _mute_middle(frames: list[tuple[float, int, np.ndarray]], after: float, ms: float) -> None:
@@ -112,7 +114,8 @@ async def _ask(
     handle = mic.play(pcm)
     deadline = answer.asked_at + timeout
     try:
-        await client.wait_event(lambda e: e.get("type") == "turn", timeout=timeout)
+        turn = await client.wait_event(lambda e: e.get("type") == "turn", timeout=timeout)
+        answer.stages = dict(turn.get("metrics") or {})
         await client.wait_state("listening", timeout=max(0.1, deadline - time.monotonic()))
     except TimeoutError:
         answer.failed = f"no reply within {timeout:g} s"
@@ -257,7 +260,14 @@ def _answer_json(a: Answer, ref: Reference | None) -> dict[str, Any]:
         "stretch_ms": (None if ref is None or a.speech_ms is None else a.speech_ms - ref.speech_ms),
         "holes": [asdict(h) for h in holes(a, ref)],
         "longest_pause_ms": max((h.ms for h in a.pauses), default=None),
+        "stages_ms": a.stages,
     }
+
+
+def _slowest_stages(answers: list[Answer]) -> dict[str, float]:
+    """The server's stages of the step's slowest reply: where its latency went."""
+    timed = [a for a in answers if a.latency_ms is not None]
+    return max(timed, key=lambda a: a.latency_ms or 0.0).stages if timed else {}
 
 
 def skipped_frames(sent_ms: np.ndarray) -> int:
@@ -344,6 +354,7 @@ def summarize_step(
         "audio_holes": hole_count,
         "stretch_ms": summary(stretches),
         "latency_ms": summary(latencies),
+        "slowest_reply_stages_ms": _slowest_stages(answers),
         **cpu,
         "smooth": not why,
         "not_smooth_because": why,
@@ -506,7 +517,7 @@ async def _step(
     return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delays, read)
 
 
-def _line(step: dict[str, Any]) -> str:
+def step_line(step: dict[str, Any]) -> str:
     def f(v: float | None, fmt: str = ".0f") -> str:
         return "-" if v is None else format(v, fmt)
 
@@ -523,7 +534,16 @@ def _line(step: dict[str, Any]) -> str:
         f"{f(step['server_cpu_idle_pct_per_call'], '.1f')} % speaking "
         f"{f(step['server_cpu_speaking_pct_per_call'], '.1f')} %"
         + ("" if step["smooth"] else "  <- not smooth: " + "; ".join(step["not_smooth_because"]))
+        + _stages_line(step.get("slowest_reply_stages_ms") or {})
     )
+
+
+SHOWN_STAGES = ("vad_end", "stt", "llm_first_token", "tts_first_audio", "engine_first_frame")
+
+
+def _stages_line(stages: dict[str, float]) -> str:
+    shown = [f"{name} {stages[name + '_ms']:.0f}" for name in SHOWN_STAGES if name + "_ms" in stages]
+    return f"\n      slowest reply, server's stages (ms): {', '.join(shown)}" if shown else ""
 
 
 async def _measure(s: Settings) -> dict[str, Any]:
@@ -554,7 +574,7 @@ async def _measure(s: Settings) -> dict[str, Any]:
             await asyncio.sleep(1.0)
             step = await _step(callers, pcm, ref, s, url, pid)
             steps.append(step)
-            print("  " + _line(step), flush=True)
+            print("  " + step_line(step), flush=True)
             if step["smooth"] and largest == n - 1:
                 largest = n
             elif not s.keep_going:

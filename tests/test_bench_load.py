@@ -26,6 +26,7 @@ from benchmarks.load import (
     server_late_counts,
     skipped_frames,
     speaking_cpu_pct_per_call,
+    step_line,
     summarize_step,
 )
 from benchmarks.procstat import usage
@@ -110,6 +111,22 @@ def test_slow_replies_and_uneven_frames_are_not_smooth() -> None:
         "frame interval p99 over 60 ms",
         "reply latency over 1200 ms",
     ]
+
+
+CPU_FIGURES = ("server_cpu_idle_pct_per_call", "server_cpu_speaking_pct_per_call")
+
+
+def test_the_slowest_replys_server_stages_are_kept_and_shown() -> None:
+    quick = _answer(600.0)
+    quick.stages = {"stt_ms": 20.0, "tts_first_audio_ms": 40.0}
+    slow = _answer(1300.0)
+    slow.stages = {"vad_end_ms": 380.0, "stt_ms": 450.0, "tts_first_audio_ms": 210.0}
+    step = _step([quick, slow, _answer(None, "no reply within 30 s")])
+    assert step["slowest_reply_stages_ms"] == slow.stages
+    assert [c["stages_ms"] for c in step["callers"]] == [quick.stages, slow.stages, {}]
+    step.update(dict.fromkeys(CPU_FIGURES, 10.0))
+    assert "stages (ms): vad_end 380, stt 450, tts_first_audio 210\n" in step_line(step) + "\n"
+    assert _step([_answer(None, "no reply")])["slowest_reply_stages_ms"] == {}
 
 
 def test_frames_the_server_skipped_are_told_from_frames_that_arrived_late() -> None:
