@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import av
@@ -29,24 +29,70 @@ from aiortc import (
     RTCIceServer,
     RTCIceTransportPolicy,
     RTCPeerConnection,
+    RTCRtpCodecParameters,
     RTCRtpSender,
     RTCSessionDescription,
 )
+from aiortc.codecs import get_decoder
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCConfiguration
 
 from rtc_server.aiortc_compat import (
+    decode_on_loop,
     negotiated_codec,
     observe_datagrams,
     restrict_host_addresses,
     selected_candidate_pair,
+    send_encoded_audio,
     stop_decoding,
+    use_fast_audio_level,
     wrap_rtcp_handler,
     wrap_rtp_handler,
 )
+from rtc_server.media.libopus import OpusMonoDecoder
+from rtc_server.media.opus import ReplyOpusEncoder
 
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
 _KERNEL_TIMES_KEPT = 4096
+
+
+class DecodedAudio(NamedTuple):
+    """One received 20 ms frame of the server's audio, as the receiver's track hands it."""
+
+    pts: int
+    """RTP time from the stream's first packet (aiortc's mapping, as a decoded frame's pts)."""
+    samples: np.ndarray
+    """Mono int16 at 48 kHz."""
+
+
+class ReplyAudioDecoder:
+    """The server's audio decoded on the event loop as it arrives (``decode_on_loop``).
+
+    Opus, what the server sends, by libopus straight to mono at 48 kHz: the same samples as
+    aiortc's stereo decode's first channel (the stream is mono), without its decoder thread's
+    two hand-offs and a PyAV frame per 20 ms. Other codecs through aiortc's decoder, first
+    channel. Many callers share one process in ``bench load``: what each costs is CPU the
+    server on the same machine does not get.
+    """
+
+    def __init__(self) -> None:
+        self._opus: OpusMonoDecoder | None = None
+        self._other: tuple[str, Any] | None = None
+
+    def __call__(self, codec: RTCRtpCodecParameters, encoded_frame: Any) -> list[DecodedAudio]:
+        pts = int(encoded_frame.timestamp)
+        if codec.name.lower() == "opus":
+            if self._opus is None:
+                self._opus = OpusMonoDecoder(48_000)
+            return [DecodedAudio(pts, self._opus.decode(encoded_frame.data))]
+        if self._other is None or self._other[0] != codec.name:
+            self._other = (codec.name, get_decoder(codec))
+        out = []
+        for frame in self._other[1].decode(encoded_frame):
+            pcm = frame.to_ndarray()
+            mono = pcm.reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
+            out.append(DecodedAudio(frame.pts, mono))
+        return out
 
 
 async def make_offer(*, audio: bool = True, video: bool = True) -> str:
@@ -117,6 +163,8 @@ class CallClient:
         # Benchmarks and tests keep every packet on loopback; aioice skips it unless told.
         if ice_address is not None:
             restrict_host_addresses([ice_address])
+        # aiortc's audio level is a Python loop over every sample sent (the server's too).
+        use_fast_audio_level()
         self.url = url
         self.headers = dict(headers or {})
         policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
@@ -205,7 +253,7 @@ class CallClient:
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
-                assert isinstance(frame, (av.VideoFrame, av.AudioFrame)) and frame.pts is not None
+                assert isinstance(frame, (av.VideoFrame, DecodedAudio)) and frame.pts is not None
                 # aiortc rebases decoded pts to the first RTP timestamp it saw (TimestampMapper).
                 origin = self._origins.get(track.kind, 0)
                 rtp = (origin + frame.pts) & 0xFFFFFFFF
@@ -219,10 +267,7 @@ class CallClient:
                     image = frame.to_ndarray(format="rgb24") if self.record_video else _NO_IMAGE
                     self.received.video.append((arrival, frame.pts, image))
                 else:
-                    pcm = frame.to_ndarray()
-                    # Opus decodes to interleaved stereo s16; keep one channel.
-                    mono = pcm.reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
-                    self.received.audio.append((arrival, frame.pts, mono))
+                    self.received.audio.append((arrival, frame.pts, frame.samples))
 
     def _watch_arrivals(self) -> None:
         for transceiver in self.pc.getTransceivers():
@@ -310,7 +355,8 @@ class CallClient:
         ``resume``: (session id, resume credential) of a call whose link was lost, to carry it
         on over this client's new peer connection (``POST /sessions/{id}/resume``).
         """
-        self.pc.addTransceiver(self.microphone, direction="sendrecv")
+        audio = self.pc.addTransceiver(self.microphone, direction="sendrecv")
+        decode_on_loop(audio, ReplyAudioDecoder())
         video = self.pc.addTransceiver("video", direction="recvonly")
         if video_codecs is not None:
             caps = RTCRtpSender.getCapabilities("video").codecs
@@ -337,6 +383,9 @@ class CallClient:
         if before_answer is not None:
             await before_answer(answer["sdp"])
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+        if isinstance(self.microphone, Microphone) and negotiated_codec(audio) == "audio/opus":
+            # Encoded as the track gives it, on the loop (see Microphone.next_encoded).
+            send_encoded_audio(audio.sender, self.microphone.next_encoded)
         if self.kernel_arrivals:
             # After the answer: BUNDLE has put every transceiver on one ICE connection.
             for transceiver in self.pc.getTransceivers():
@@ -404,6 +453,10 @@ class CallClient:
                 await task
 
 
+_SILENT_FRAME = np.zeros(960, np.int16)
+_SILENT_FRAME.flags.writeable = False
+
+
 class Microphone(MediaStreamTrack):
     """A caller's microphone that says what it is given, in real time, and silence otherwise.
 
@@ -421,6 +474,7 @@ class Microphone(MediaStreamTrack):
         self._plays: list[tuple[int, int]] = []
         """(first frame index, samples) of each play."""
         self._frame_times: dict[int, float] = {}
+        self._encoder: ReplyOpusEncoder | None = None
 
     def play(self, pcm: np.ndarray) -> int:
         """Queue ``pcm``; returns a handle for ``sent_at``."""
@@ -439,7 +493,8 @@ class Microphone(MediaStreamTrack):
     def busy(self) -> bool:
         return bool(self._queue)
 
-    async def recv(self) -> av.AudioFrame:
+    async def _next(self) -> tuple[np.ndarray, int]:
+        """The next 20 ms frame, at its time: (48 kHz mono int16 samples, pts in samples)."""
         if self.readyState != "live":
             raise MediaStreamError
         if self._start is None:
@@ -448,11 +503,27 @@ class Microphone(MediaStreamTrack):
         delay = due - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        pcm = self._queue.pop(0) if self._queue else np.zeros(960, np.int16)
+        pcm = self._queue.pop(0) if self._queue else _SILENT_FRAME
         self._frame_times[self._index] = time.monotonic()
+        pts = self._index * 960
+        self._index += 1
+        return pcm, pts
+
+    async def recv(self) -> av.AudioFrame:
+        pcm, pts = await self._next()
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = 48_000
-        frame.pts = self._index * 960
+        frame.pts = pts
         frame.time_base = fractions.Fraction(1, 48_000)
-        self._index += 1
         return frame
+
+    async def next_encoded(self) -> tuple[bytes, int, int]:
+        """The next frame as Opus (payload, RTP time, audio level), for a sender that sends
+        what it is given (``aiortc_compat.send_encoded_audio``; the caller does so when Opus is
+        negotiated): mono at 64 kb/s by libopus on the loop, as a browser sends a microphone,
+        silence replayed once it has lasted (the server's reply encoder, ``ReplyOpusEncoder``),
+        instead of aiortc's stereo encode on an executor thread for every frame."""
+        pcm, pts = await self._next()
+        if self._encoder is None:
+            self._encoder = ReplyOpusEncoder()
+        return self._encoder.encode_samples(pcm, pts)

@@ -542,7 +542,7 @@ SHOWN_STAGES = ("vad_end", "stt", "llm_first_token", "tts_first_audio", "engine_
 
 
 def _stages_line(stages: dict[str, float]) -> str:
-    shown = [f"{name} {stages[name + '_ms']:.0f}" for name in SHOWN_STAGES if name + "_ms" in stages]
+    shown = [f"{n} {stages[n + '_ms']:.0f}" for n in SHOWN_STAGES if n + "_ms" in stages]
     return f"\n      slowest reply, server's stages (ms): {', '.join(shown)}" if shown else ""
 
 
