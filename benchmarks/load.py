@@ -30,6 +30,7 @@ from benchmarks.clip import speech_pcm
 from benchmarks.latency import QUESTIONS, spawn_server
 from benchmarks.procstat import usage
 from benchmarks.report import progress, summary
+from rtc_server.cpu_priority import blas_on_calling_thread
 
 MAX_INTERVAL_P99_MS = 60.0
 MAX_LATENCY_RATIO = 1.5
@@ -549,6 +550,9 @@ def _stages_line(stages: dict[str, float]) -> str:
 async def _measure(s: Settings) -> dict[str, Any]:
     if s.turns not in TURNS:
         raise ValueError(f"turns is one of {TURNS}, not {s.turns!r}")
+    # The callers' BLAS without its spinning pool too, as in the server: CPU it would burn
+    # beside the server is CPU the server does not get.
+    blas_on_calling_thread()
     process = None
     url, pid = s.url, s.server_pid
     if url is None:

@@ -1,5 +1,5 @@
 """How the server's threads share the CPU: transcription below the media path, OpenCV on the
-calling thread.
+calling thread, numpy's BLAS too.
 
 A call's audio is paced on the event loop, its video encoded on the loop's default executor and
 its reply synthesized on the app's executor; transcription (faster-whisper) waits on an
@@ -16,6 +16,13 @@ OpenCV splits each call of its own over a pool of one thread per core, whose thr
 small pieces (a mouth crop, a blend), so the pool only adds hand-offs and spinning: on one
 speaking call it burned 3 % of a core yielding. :func:`kernels_on_calling_thread` turns it
 off; calls are spread over the cores by their own threads (as x264 is, one thread a call).
+
+The BLAS libraries loaded with numpy, SciPy and OpenCV (three copies of OpenBLAS) do the same:
+a thread per core, busy-waiting after each call for the next. The server's matrix products are
+small (Whisper's mel filter bank, the viseme estimator's layer), so the spinning is all they
+add: one transcription cost 230 ms of CPU for 130 ms of wall time, 130 with one thread, at the
+same wall time; six calls asking in turn, the server spent 90-98 % of a core over the turns
+against 74-86 % (``bench load``'s step, three runs each). :func:`blas_on_calling_thread`.
 """
 
 from __future__ import annotations
@@ -24,7 +31,13 @@ import logging
 import os
 import threading
 
-__all__ = ["SPEECH_NICE", "kernels_on_calling_thread", "lower_this_thread", "thread_nice"]
+__all__ = [
+    "SPEECH_NICE",
+    "blas_on_calling_thread",
+    "kernels_on_calling_thread",
+    "lower_this_thread",
+    "thread_nice",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +61,20 @@ def lower_this_thread(by: int = SPEECH_NICE) -> None:
 
 
 def kernels_on_calling_thread() -> None:
-    """OpenCV runs each function on the thread that calls it, without its worker pool."""
+    """OpenCV and the BLAS libraries run each function on the thread that calls it, without
+    their worker pools."""
     import cv2
 
     cv2.setNumThreads(0)
+    blas_on_calling_thread()
+
+
+def blas_on_calling_thread() -> None:
+    """Every OpenBLAS of the process (numpy's, SciPy's, OpenCV's: they are loaded here first)
+    computes on the calling thread alone."""
+    import cv2  # noqa: F401
+    import numpy  # noqa: F401
+    import scipy.signal  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
