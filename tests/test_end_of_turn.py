@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +18,8 @@ from rtc_server.end_of_turn import (
     WINDOW_S,
     EndOfTurnParams,
     SmartTurnModel,
+    judge_pause,
+    judges_at_once,
     last_window,
     load_end_of_turn,
     log_mel_features,
@@ -135,3 +139,26 @@ def test_a_finished_turns_hang_over_outlasts_a_pause_at_a_comma(model: SmartTurn
     assert sum(p >= params.threshold for p in verdicts) >= 2  # the comma's pause: finished too
     early, _ = turns(dataclasses.replace(params, complete_hangover_ms=200))
     assert len(early) == 2  # the 200 ms of the first version ended the turn at the comma
+
+
+class _SlowJudge:
+    """Takes 0.3 s a judgement without holding the GIL, as the model's native run."""
+
+    def probability(self, pcm: np.ndarray) -> float:
+        time.sleep(0.3)
+        return 0.5
+
+
+async def test_callers_who_pause_together_are_judged_side_by_side() -> None:
+    # Judged one after the other, the last of three callers who paused at once had its
+    # verdict 236 ms after its pause (60 ms a judgement): past the hang-over it decides.
+    at_once = judges_at_once()
+    assert at_once == max(1, min(4, len(os.sched_getaffinity(0))))
+    pcm = np.zeros(16_000, np.int16)
+    start = time.perf_counter()
+    results = await asyncio.gather(
+        *(judge_pause(_SlowJudge(), pcm) for _ in range(at_once))  # type: ignore[arg-type]
+    )
+    took = time.perf_counter() - start
+    assert [p for p, _ in results] == [0.5] * at_once
+    assert took < 0.3 * 1.9, took  # one judgement's time, not at_once of them
