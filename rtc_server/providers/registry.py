@@ -137,8 +137,8 @@ def load_providers(
             from rtc_server.providers.whisper_stt import WhisperSTT
 
             # As many turns transcribed at once as this process has cores to run them, each
-            # on two threads: one question alone 0.22 s against 0.30 s on one (2 cores), two
-            # at once no slower (0.34 s).
+            # on two threads: one question alone 0.09 s against 0.13 s on one (2 cores, 0.13 s
+            # of CPU either way), two at once no slower (0.14 s).
             cores = max(1, min(4, round(config.server.cpu_limit or len(os.sched_getaffinity(0)))))
             stt = WhisperSTT.load(threads=min(2, cores), parallel=cores)
         except RuntimeError as exc:
