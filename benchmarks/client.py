@@ -89,9 +89,10 @@ class ReplyAudioDecoder:
             self._other = (codec.name, get_decoder(codec))
         out = []
         for frame in self._other[1].decode(encoded_frame):
-            pcm = frame.to_ndarray()
-            mono = pcm.reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
-            out.append(DecodedAudio(frame.pts, mono))
+            if isinstance(frame, av.AudioFrame) and frame.pts is not None:
+                pcm = frame.to_ndarray()
+                mono = pcm.reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
+                out.append(DecodedAudio(frame.pts, mono))
         return out
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 
 from rtc_server.cpu_priority import SPEECH_NICE, lower_this_thread, thread_nice
 from tests.conftest import LiveServer
@@ -71,56 +72,12 @@ async def test_the_server_transcribes_below_its_loop_and_synthesizes_beside_it(
     assert {thread_nice(t) for t in app if t} == {base}  # synthesis: the media path's priority
 
 
-_OPENCV_SHARE = """
-import os, sys, threading, time
-import cv2, numpy as np
-from rtc_server.cpu_priority import kernels_on_calling_thread
-if sys.argv[1] == "server":
-    kernels_on_calling_thread()
-def cpu(tid):
-    with open(f"/proc/self/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-def snapshot():
-    return {int(t): cpu(t) for t in os.listdir("/proc/self/task")}
-image = np.random.default_rng(0).integers(0, 255, (1500, 1500, 3), np.uint8)
-cv2.GaussianBlur(image, (15, 15), 0)  # any pool is started
-me = threading.get_native_id()
-before = snapshot()
-end = time.thread_time() + 1.0
-while time.thread_time() < end:
-    cv2.GaussianBlur(image, (15, 15), 0)
-after = snapshot()
-own = after[me] - before[me]
-others = sum(v - before.get(t, 0) for t, v in after.items() if t != me)
-print(others / max(1, own))
-"""
-
-
-def _opencv_elsewhere(mode: str) -> float:
-    """CPU OpenCV spent on other threads, per unit spent on the thread that called it."""
-    out = subprocess.run(
-        [sys.executable, "-c", _OPENCV_SHARE, mode], capture_output=True, text=True, check=True
-    )
-    return float(out.stdout.strip())
-
-
-def test_opencv_works_on_the_calling_thread_in_the_server() -> None:
-    # A call's picture is drawn on its own render thread: OpenCV's pool of a thread per core
-    # would only add hand-offs and spinning (3 % of a core on one speaking call).
-    in_server = _opencv_elsewhere("server")
-    print("OpenCV CPU on other threads per own:", in_server)
-    assert in_server < 0.1
-    if (os.cpu_count() or 1) >= 2:  # the pool exists only with two cores or more
-        assert _opencv_elsewhere("default") > 0.3  # what the measurement sees with the pool
-
-
-_BLAS_SHARE = """
+_ELSEWHERE = """
 import os, sys, threading, time
 import numpy as np
 from threadpoolctl import threadpool_info
 from rtc_server.cpu_priority import kernels_on_calling_thread
-if sys.argv[1] == "server":
+if sys.argv[2] == "server":
     kernels_on_calling_thread()
     assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {1}
 def cpu(tid):
@@ -129,13 +86,22 @@ def cpu(tid):
     return int(fields[11]) + int(fields[12])
 def snapshot():
     return {int(t): cpu(t) for t in os.listdir("/proc/self/task")}
-a = np.random.default_rng(0).random((400, 400))
+if sys.argv[1] == "opencv":
+    import cv2
+    image = np.random.default_rng(0).integers(0, 255, (1500, 1500, 3), np.uint8)
+    def work():
+        cv2.GaussianBlur(image, (15, 15), 0)
+else:
+    a = np.random.default_rng(0).random((400, 400))
+    def work():
+        a @ a
+        time.sleep(0.001)  # small products now and then, as the server makes them
+work()  # any pool is started
 me = threading.get_native_id()
 before = snapshot()
 end = time.thread_time() + 1.0
 while time.thread_time() < end:
-    a @ a
-    time.sleep(0.001)  # small products now and then, as the server makes them
+    work()
 after = snapshot()
 own = after[me] - before[me]
 others = sum(v - before.get(t, 0) for t, v in after.items() if t != me)
@@ -143,20 +109,32 @@ print(others / max(1, own))
 """
 
 
-def _blas_elsewhere(mode: str) -> float:
-    """CPU the BLAS spent on other threads (its pool, computing and spinning), per unit spent
-    on the thread that called it."""
+def _elsewhere(kernels: str, mode: str) -> float:
+    """CPU that ``kernels`` ("opencv", "blas") spent on other threads (their pools, computing
+    and spinning), per unit spent on the thread that called them."""
     out = subprocess.run(
-        [sys.executable, "-c", _BLAS_SHARE, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _ELSEWHERE, kernels, mode],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return float(out.stdout.strip())
 
 
-def test_numpys_scipys_and_opencvs_blas_work_on_the_calling_thread_in_the_server() -> None:
-    # Their pools busy-wait after each product: one transcription cost 230 ms of CPU for
-    # 130 ms of wall time with them, 130 without.
-    in_server = _blas_elsewhere("server")
-    print("BLAS CPU on other threads per own:", in_server)
+@pytest.mark.parametrize(
+    "kernels",
+    [
+        # A call's picture is drawn on its own render thread: OpenCV's pool of a thread per
+        # core would only add hand-offs and spinning (3 % of a core on one speaking call).
+        "opencv",
+        # numpy's, SciPy's and OpenCV's OpenBLAS busy-wait after each product: one
+        # transcription cost 230 ms of CPU for 130 ms of wall time with them, 130 without.
+        "blas",
+    ],
+)
+def test_opencv_and_blas_work_on_the_calling_thread_in_the_server(kernels: str) -> None:
+    in_server = _elsewhere(kernels, "server")
+    print(kernels, "CPU on other threads per own:", in_server)
     assert in_server < 0.1
-    if (os.cpu_count() or 1) >= 2:  # the pool exists only with two cores or more
-        assert _blas_elsewhere("default") > 0.3  # what the measurement sees with the pool
+    if (os.cpu_count() or 1) >= 2:  # the pools exist only with two cores or more
+        assert _elsewhere(kernels, "default") > 0.3  # what the measurement sees with them
