@@ -31,6 +31,7 @@ from rtc_server.engine_factory import EngineFactory, load_engine_factory
 from rtc_server.headroom import Headroom, HeadroomSettings
 from rtc_server.ice import IceServers, announce_address
 from rtc_server.internal_site import add_internal_routes
+from rtc_server.media import libopus
 from rtc_server.media.clock import VIDEO_RATE
 from rtc_server.media.h264 import TunedH264Encoder
 from rtc_server.media.inbound import low_latency_audio
@@ -104,6 +105,8 @@ class SessionManager:
         self._pending = 0
         self.memory = MemoryReleaser(executor, lambda: not self.sessions and not self._pending)
         """Gives the heap of ended calls back to the OS (rtc_server/memory.py)."""
+        self.load_error: Exception | None = None
+        """Why loading the models failed (the server then refuses calls: ``load_failed``)."""
 
     @property
     def ready(self) -> bool:
@@ -112,7 +115,19 @@ class SessionManager:
     async def load(
         self, engine_loader: Callable[[], EngineFactory], http: aiohttp.ClientSession
     ) -> None:
+        try:
+            await self._load(engine_loader, http)
+        except Exception as exc:
+            self.load_error = exc
+            raise
+
+    async def _load(
+        self, engine_loader: Callable[[], EngineFactory], http: aiohttp.ClientSession
+    ) -> None:
         loop = asyncio.get_running_loop()
+        # Every call's audio goes through libopus: without it the server is not ready (and
+        # /readyz says why), rather than refusing each offer as it comes.
+        await loop.run_in_executor(self.executor, libopus.library)
         chosen = await loop.run_in_executor(
             self.executor, load_providers, self.config, http, self.executor
         )
@@ -138,6 +153,8 @@ class SessionManager:
         logger.info("ready: engine %s", self.engine_factory.name)
 
     async def create_session(self, offer: Offer) -> Answer:
+        if self.load_error is not None:  # not a wait: the server cannot take calls at all
+            raise SignalingError(503, "load_failed", f"model loading failed: {self.load_error}")
         if self.engine_factory is None or self.providers is None:
             raise SignalingError(
                 503, "not_ready", "models are still loading", headers={"Retry-After": "2"}

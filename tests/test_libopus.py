@@ -3,17 +3,26 @@ rate the call listens at."""
 
 from __future__ import annotations
 
+import asyncio
 import fractions
 import logging
+from pathlib import Path
 
+import aiohttp
 import av
 import numpy as np
 import pytest
+from aiohttp import web
 from aiortc import RTCRtpCodecParameters
 from aiortc.codecs.g711 import PcmuEncoder
 from aiortc.codecs.opus import OpusDecoder
 from aiortc.jitterbuffer import JitterFrame
 
+from benchmarks.client import make_offer
+from rtc_server.app import create_app
+from rtc_server.config import ServerConfig
+from rtc_server.engine_factory import EngineFactory
+from rtc_server.media import libopus
 from rtc_server.media.inbound import MicAudio, MicDecoder, MicDownsampler, ToRate
 from rtc_server.media.libopus import OpusError, OpusMonoDecoder, OpusMonoEncoder
 from rtc_server.media.opus import BIT_RATE, ReplyOpusEncoder
@@ -149,3 +158,37 @@ def test_audio_decoded_at_another_rate_is_brought_to_the_one_asked() -> None:
     frames = [MicAudio(f[::2].copy(), 24_000) for f in _frames(_voice(1.0))]
     out = np.concatenate([to_vad(f) for f in frames])
     assert 16_000 - 20 <= len(out) <= 16_000 and out.dtype == np.int16
+
+
+async def test_without_libopus_the_server_says_so_instead_of_taking_calls(
+    monkeypatch: pytest.MonkeyPatch, engine_factory: EngineFactory, cache_dir: Path
+) -> None:
+    def missing() -> None:
+        raise OpusError("libopus not found: neither PyAV's wheel nor the system has it")
+
+    monkeypatch.setattr(libopus, "library", missing)
+    cfg = ServerConfig.of(cache_dir=cache_dir, ice_addresses=("127.0.0.1",), headroom=False)
+    runner = web.AppRunner(create_app(cfg, engine_loader=lambda: engine_factory))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):  # the load fails in the background, at once
+                async with http.get(url + "/readyz") as resp:
+                    ready = (resp.status, await resp.json())
+                if ready[1].get("error", {}).get("code") != "not_ready":
+                    break
+                await asyncio.sleep(0.1)
+            async with http.get(url + "/healthz") as resp:
+                assert resp.status == 200  # the process is up and says what is wrong
+            async with http.post(
+                url + "/offer", json={"sdp": await make_offer(), "type": "offer"}
+            ) as resp:
+                offer = (resp.status, await resp.json())
+    finally:
+        await runner.cleanup()
+    for status, body in (ready, offer):
+        assert status == 503 and body["error"]["code"] == "load_failed", body
+        assert "libopus not found" in body["error"]["message"]
