@@ -33,7 +33,6 @@ from aiortc import (
     RTCRtpSender,
     RTCSessionDescription,
 )
-from aiortc.codecs import get_decoder
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCConfiguration
 
@@ -49,7 +48,7 @@ from rtc_server.aiortc_compat import (
     wrap_rtcp_handler,
     wrap_rtp_handler,
 )
-from rtc_server.media.libopus import OpusMonoDecoder
+from rtc_server.media.inbound import MicDecoder
 from rtc_server.media.opus import ReplyOpusEncoder
 
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
@@ -66,34 +65,24 @@ class DecodedAudio(NamedTuple):
 
 
 class ReplyAudioDecoder:
-    """The server's audio decoded on the event loop as it arrives (``decode_on_loop``).
-
-    Opus, what the server sends, by libopus straight to mono at 48 kHz: the same samples as
-    aiortc's stereo decode's first channel (the stream is mono), without its decoder thread's
-    two hand-offs and a PyAV frame per 20 ms. Other codecs through aiortc's decoder, first
-    channel. Many callers share one process in ``bench load``: what each costs is CPU the
-    server on the same machine does not get.
+    """The server's audio decoded on the event loop as it arrives (``decode_on_loop``), by the
+    server's own microphone decoder at 48 kHz (``inbound.MicDecoder``): Opus, what the server
+    sends, by libopus straight to mono (the same samples as aiortc's stereo decode's first
+    channel: the stream is mono), without aiortc's decoder thread and its two hand-offs and a
+    PyAV frame per 20 ms; other codecs through aiortc's decoder, brought to mono 48 kHz. Many
+    callers share one process in ``bench load``: what each costs is CPU the server on the
+    same machine does not get.
     """
 
     def __init__(self) -> None:
-        self._opus: OpusMonoDecoder | None = None
-        self._other: tuple[str, Any] | None = None
+        self._decode = MicDecoder(48_000)
 
     def __call__(self, codec: RTCRtpCodecParameters, encoded_frame: Any) -> list[DecodedAudio]:
-        pts = int(encoded_frame.timestamp)
-        if codec.name.lower() == "opus":
-            if self._opus is None:
-                self._opus = OpusMonoDecoder(48_000)
-            return [DecodedAudio(pts, self._opus.decode(encoded_frame.data))]
-        if self._other is None or self._other[0] != codec.name:
-            self._other = (codec.name, get_decoder(codec))
-        out = []
-        for frame in self._other[1].decode(encoded_frame):
-            if isinstance(frame, av.AudioFrame) and frame.pts is not None:
-                pcm = frame.to_ndarray()
-                mono = pcm.reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
-                out.append(DecodedAudio(frame.pts, mono))
-        return out
+        pieces = [audio.samples for audio in self._decode(codec, encoded_frame)]
+        if not pieces:
+            return []  # undecodable: logged and skipped, as the server does
+        samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return [DecodedAudio(int(encoded_frame.timestamp), samples)]
 
 
 async def make_offer(*, audio: bool = True, video: bool = True) -> str:
