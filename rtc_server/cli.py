@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from rtc_server import __version__
 from rtc_server.config import ConfigError, ServerConfig, default_cache_dir
+from rtc_server.cpu_priority import cores
 from rtc_server.logs import configure_logging
 from rtc_server.options import (
     SERVE_OPTIONS,
@@ -105,14 +106,6 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
         return run_front(config, workers=workers, verbose=args.verbose)
     return _serve_alone(config)
-
-
-def cores() -> int:
-    """CPUs this process may run on (a container's CPU set, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def prepare(config: ServerConfig) -> EngineFactory:

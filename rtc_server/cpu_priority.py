@@ -34,6 +34,7 @@ import threading
 __all__ = [
     "SPEECH_NICE",
     "blas_on_calling_thread",
+    "cores",
     "kernels_on_calling_thread",
     "lower_this_thread",
     "thread_nice",
@@ -44,6 +45,14 @@ logger = logging.getLogger(__name__)
 SPEECH_NICE = 5
 """How much lower transcription runs: at +5 the kernel gives a nice-0 thread about three times
 its share of a contended core."""
+
+
+def cores() -> int:
+    """CPUs this process may run on (a container's CPU set, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def thread_nice(native_id: int | None = None) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import numpy as np
 
 from musetalk_core.package_data import package_dir
 from rtc_server.config import ConfigError
+from rtc_server.cpu_priority import cores
 
 __all__ = [
     "MODEL_FILE",
@@ -176,8 +176,7 @@ class SmartTurnModel:
 
 def judges_at_once() -> int:
     """Pauses judged side by side: one per core this process may run on (at most 4)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(4, cores or 1))
+    return max(1, min(4, cores()))
 
 
 @functools.lru_cache(maxsize=1)

@@ -22,10 +22,11 @@ import asyncio
 import collections
 import contextlib
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from rtc_server.cpu_priority import cores
 
 __all__ = ["Headroom", "HeadroomSettings", "Refusal"]
 
@@ -73,8 +74,7 @@ class Headroom:
     def default_cpu_limit(workers: int = 1) -> float:
         """90 % of this process's share of the machine's cores, at most one event loop's worth
         plus the threads that encode and render beside it."""
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        return 0.9 * max(1.0, cores / max(1, workers))
+        return 0.9 * max(1.0, cores() / max(1, workers))
 
     def start(self, speech_totals: Callable[[], tuple[int, int]] | None = None) -> None:
         """Sample from now on; ``speech_totals`` gives (speech instants, held) over all calls."""

@@ -8,7 +8,6 @@ speaks the apology when a cloud TTS fails.
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from rtc_server.config import ServerConfig
+from rtc_server.cpu_priority import cores
 from rtc_server.providers.base import LLM, STT, TTS
 from rtc_server.providers.http import ELEVENLABS_BASE_URL, HTTPPolicy
 from rtc_server.providers.openai_realtime import OpenAIRealtime
@@ -139,8 +139,8 @@ def load_providers(
             # As many turns transcribed at once as this process has cores to run them, each
             # on two threads: one question alone 0.09 s against 0.13 s on one (2 cores, 0.13 s
             # of CPU either way), two at once no slower (0.14 s).
-            cores = max(1, min(4, round(config.server.cpu_limit or len(os.sched_getaffinity(0)))))
-            stt = WhisperSTT.load(threads=min(2, cores), parallel=cores)
+            at_once = max(1, min(4, round(config.server.cpu_limit or cores())))
+            stt = WhisperSTT.load(threads=min(2, at_once), parallel=at_once)
         except RuntimeError as exc:
             stt = None
             stt_choice = Choice("stt", "none", f"{exc}; calls take typed turns only")
