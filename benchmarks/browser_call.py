@@ -159,10 +159,11 @@ flashes): a small box, for the probe reads back every frame it looks at, which a
 FIRST_SECONDS_SERVERS: dict[str, dict[str, Any]] = {
     "default": {},
     "sent reports": {"sender_reports": "sent"},
-    "audio 0.6 s later": {"audio_start_s": 0.6},
+    "audio with the video": {"audio_start_s": 0.0},
 }
 """The servers ``bench sync --browser --fresh-calls`` can compare: media settings changed from
-the defaults (``MediaSettings``): aiortc's own sender reports; the audio 0.6 s after the video."""
+the defaults (``MediaSettings``): aiortc's own sender reports; the audio started with the video
+instead of 0.6 s after it."""
 
 
 async def _measure_first_seconds(

@@ -298,7 +298,7 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
         modes: tuple[str, ...] = ("default",)
         modes += ("sent reports",) if args.compare_sender_reports else ()
-        modes += ("audio 0.6 s later",) if args.compare_audio_start else ()
+        modes += ("audio with the video",) if args.compare_audio_start else ()
         f = browser_call.run_first_seconds(args.fresh_calls, round(args.seconds), modes)
         print("offset in Chromium at each flash from the first frame (ms, + = video later)")
         print(table(*browser_call.first_seconds_table(f)))
@@ -514,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument(
         "--compare-audio-start",
         action="store_true",
-        help="with --fresh-calls: as many calls again with the audio started 0.6 s later",
+        help="with --fresh-calls: as many calls again with the audio started with the video "
+        "(the default starts it 0.6 s later)",
     )
     syn.add_argument(
         "--browser",

@@ -242,13 +242,13 @@ class MediaSettings:
     """What the RTCP sender reports map RTP time to: "media", the call's clock (both tracks in
     step however late either packet went out); "sent", aiortc's own, the time each last packet
     left (kept for measuring the difference: ``bench sync --browser --fresh-calls``)."""
-    audio_start_s: float = 0.0
+    audio_start_s: float = 0.6
     """A peer connection's audio starts this long after it was first asked for, its video at
     once (0: together; no speech is placed before the audio starts). A browser plays a call's
     audio only once the first video frame is shown, and audio that arrived before waits in its
-    jitter buffer, which drains by ~10 ms a second: with 0.6 the first seconds of fresh
-    Chromium calls play in sync (benchmarks/README.md, 2026-12-03). Off by default: with it,
-    about one Chromium call in five had its wire offset moved by ~40 ms, cause not found."""
+    jitter buffer, which drains by ~10 ms a second: sent from the start, the first seconds of
+    fresh Chromium calls played late against the picture (benchmarks/README.md, 2026-12-03; the
+    default since 2026-12-04)."""
     video_lead_s: float = 0.02
     """A video frame is taken and encoded this long before its instant and sent at it (0: taken
     at its instant, sent when encoded). The encode and its thread hand-offs then no longer

@@ -119,7 +119,7 @@ async def test_a_new_audio_track_holds_speech_until_it_is_first_asked() -> None:
 
 
 def test_the_audio_start_is_a_media_setting_of_at_most_2_s() -> None:
-    assert ServerConfig.of().media.audio_start_s == 0.0  # off by default
+    assert ServerConfig.of().media.audio_start_s == 0.6  # the default
     assert ServerConfig.of(audio_start_s=0.0).media.audio_start_s == 0.0
     for wrong in (-0.1, 2.5):
         with pytest.raises(ConfigError, match="audio_start_s"):
@@ -146,7 +146,7 @@ async def _first_audio_media_time(client: CallClient) -> float:
 async def test_over_a_real_call_the_audio_begins_after_the_video(
     engine_factory: EngineFactory, cache_dir: Path
 ) -> None:
-    server, runner = await start_server(engine_factory, cache_dir, audio_start_s=0.6)
+    server, runner = await start_server(engine_factory, cache_dir)  # the default: 0.6 s
     client = CallClient(server.url)
     try:
         await client.connect()
