@@ -216,7 +216,8 @@ async def _measure_first_seconds(
     finally:
         for _, runner, _ in running:
             await runner.cleanup()
-    return {"calls": calls, "seconds": seconds, "servers": list(servers), "per_call": per_call}
+    f = {"calls": calls, "seconds": seconds, "servers": list(servers), "per_call": per_call}
+    return {**f, "summary": first_seconds_summary(f)}
 
 
 def _flashes(probe: Any, start_ms: float, seconds: int) -> list[float]:
@@ -239,6 +240,49 @@ def run_first_seconds(
 ) -> dict[str, Any]:
     """``calls`` per server named in ``servers`` (keys of ``FIRST_SECONDS_SERVERS``)."""
     return asyncio.run(_measure_first_seconds(calls, seconds, servers))
+
+
+IN_SYNC_MS = 45.0
+"""The bound a settled call's A/V offset is held to in Chromium (tests/test_browser.py): the
+fresh calls' summary counts the flashes within it."""
+
+
+def first_seconds_summary(f: dict[str, Any], bound_ms: float = IN_SYNC_MS) -> list[dict[str, Any]]:
+    """Per server of a ``bench sync --browser --fresh-calls`` run: how many calls had their
+    first flash within ``bound_ms``, how many flashes of all were, and the offsets furthest
+    from 0 either way (None without a flash). A call none of whose flashes were found counts as
+    a call whose first flash was not within the bound."""
+    out = []
+    for server in f["servers"]:
+        calls = [c for c in f["per_call"] if c["server"] == server]
+        offsets = [o["offset_ms"] for c in calls for o in c["seconds"]]
+        within = [abs(o) <= bound_ms for o in offsets]
+        first = [bool(c["seconds"]) and abs(c["seconds"][0]["offset_ms"]) <= bound_ms for c in calls]
+        out.append(
+            {
+                "server": server,
+                "calls": len(calls),
+                "first_flash_within": sum(first),
+                "flashes_within": sum(within),
+                "flashes": len(offsets),
+                "lowest_ms": min(offsets, default=None),
+                "highest_ms": max(offsets, default=None),
+                "bound_ms": bound_ms,
+            }
+        )
+    return out
+
+
+def first_seconds_summary_table(f: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Headers and rows of :func:`first_seconds_summary`: a server a row."""
+    rows = [
+        [s["server"], s["calls"], f"{s['first_flash_within']} / {s['calls']}"]
+        + [f"{s['flashes_within']} / {s['flashes']}", s["lowest_ms"], s["highest_ms"]]
+        for s in f["summary"]
+    ]
+    bound = f"{IN_SYNC_MS:g}"
+    head = ["server", "calls", f"flash 1 within +-{bound} ms", f"flashes within +-{bound} ms"]
+    return [*head, "lowest ms", "highest ms"], rows
 
 
 def first_seconds_table(f: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:

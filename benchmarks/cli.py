@@ -302,6 +302,7 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         f = browser_call.run_first_seconds(args.fresh_calls, round(args.seconds), modes)
         print("offset in Chromium at each flash from the first frame (ms, + = video later)")
         print(table(*browser_call.first_seconds_table(f)))
+        print(table(*browser_call.first_seconds_summary_table(f)))
         settings = {"seconds": args.seconds, "browser": True, "fresh_calls": args.fresh_calls}
         return {**settings, "servers": list(modes)}, f
     if args.browser:
