@@ -257,7 +257,9 @@ def first_seconds_summary(f: dict[str, Any], bound_ms: float = IN_SYNC_MS) -> li
         calls = [c for c in f["per_call"] if c["server"] == server]
         offsets = [o["offset_ms"] for c in calls for o in c["seconds"]]
         within = [abs(o) <= bound_ms for o in offsets]
-        first = [bool(c["seconds"]) and abs(c["seconds"][0]["offset_ms"]) <= bound_ms for c in calls]
+        first = [
+            bool(c["seconds"]) and abs(c["seconds"][0]["offset_ms"]) <= bound_ms for c in calls
+        ]
         out.append(
             {
                 "server": server,

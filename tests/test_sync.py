@@ -87,7 +87,8 @@ def test_bench_sync_in_chromium_sees_an_injected_delay(tmp_path: Path) -> None:
 
 
 def _call(server: str, *offsets: float) -> dict:  # type: ignore[type-arg]
-    return {"server": server, "first_frame_ms": 450.0, "seconds": [{"offset_ms": o} for o in offsets]}
+    seconds = [{"offset_ms": o} for o in offsets]
+    return {"server": server, "first_frame_ms": 450.0, "seconds": seconds}
 
 
 def test_the_fresh_calls_summary_counts_the_flashes_out_of_sync() -> None:
