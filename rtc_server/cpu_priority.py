@@ -35,6 +35,7 @@ __all__ = [
     "SPEECH_NICE",
     "blas_on_calling_thread",
     "cores",
+    "side_by_side",
     "kernels_on_calling_thread",
     "lower_this_thread",
     "thread_nice",
@@ -53,6 +54,13 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def side_by_side(share: float | None = None) -> int:
+    """How many model runs of one kind (transcriptions, end-of-turn judgements) go side by
+    side: one per core of ``share`` (the cores this process may use; default all it may run
+    on), at least one and at most four."""
+    return max(1, min(4, round(share or cores())))
 
 
 def thread_nice(native_id: int | None = None) -> int:

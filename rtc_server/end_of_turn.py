@@ -25,7 +25,7 @@ import numpy as np
 
 from musetalk_core.package_data import package_dir
 from rtc_server.config import ConfigError
-from rtc_server.cpu_priority import cores
+from rtc_server.cpu_priority import side_by_side
 
 __all__ = [
     "MODEL_FILE",
@@ -176,7 +176,7 @@ class SmartTurnModel:
 
 def judges_at_once() -> int:
     """Pauses judged side by side: one per core this process may run on (at most 4)."""
-    return max(1, min(4, cores()))
+    return side_by_side()
 
 
 @functools.lru_cache(maxsize=1)

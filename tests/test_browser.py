@@ -32,6 +32,7 @@ from benchmarks.browser import (
     wait_for_state,
     window_rms,
 )
+from benchmarks.browser_call import IN_SYNC_MS
 from rtc_server.engine_factory import EngineFactory
 from signaling.access import TokenSigner
 from tests.conftest import LiveServer, start_server
@@ -45,7 +46,7 @@ SYNC_TEXTS = (
     "The quick brown fox jumps over the lazy dog, and then it runs away.",
     "Peter Piper picked a peck of pickled peppers. Where is the peck he picked?",
 )
-MAX_OFFSET_MS = 45.0
+MAX_OFFSET_MS = IN_SYNC_MS
 MIN_PEAK = 0.3
 SYNC_SETTLE_S = 3.0
 """Once the browser has two sender reports per stream, Chromium's lip-sync still needs a few of

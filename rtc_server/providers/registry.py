@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from rtc_server.config import ServerConfig
-from rtc_server.cpu_priority import cores
+from rtc_server.cpu_priority import side_by_side
 from rtc_server.providers.base import LLM, STT, TTS
 from rtc_server.providers.http import ELEVENLABS_BASE_URL, HTTPPolicy
 from rtc_server.providers.openai_realtime import OpenAIRealtime
@@ -139,7 +139,7 @@ def load_providers(
             # As many turns transcribed at once as this process has cores to run them, each
             # on two threads: one question alone 0.09 s against 0.13 s on one (2 cores, 0.13 s
             # of CPU either way), two at once no slower (0.14 s).
-            at_once = max(1, min(4, round(config.server.cpu_limit or cores())))
+            at_once = side_by_side(config.server.cpu_limit)
             stt = WhisperSTT.load(threads=min(2, at_once), parallel=at_once)
         except RuntimeError as exc:
             stt = None
