@@ -287,7 +287,12 @@ def stamp_sender_reports(
         return frame
 
     async def send_reports(packets: list[Any]) -> None:
-        if origin:
+        if not origin:
+            if any(isinstance(p, rtp.RtcpSrPacket) for p in packets):
+                # Nothing sent yet (an audio track that starts later): aiortc's loop would send
+                # a report of NTP 0 and RTP 0, which a receiver takes as the stream's mapping.
+                return
+        else:
             for packet in packets:
                 if isinstance(packet, rtp.RtcpSrPacket):
                     info = packet.sender_info

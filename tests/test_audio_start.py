@@ -159,3 +159,21 @@ async def test_over_a_real_call_the_audio_begins_after_the_video(
     finally:
         await client.close()
         await runner.cleanup()
+
+
+async def test_no_sender_report_goes_out_before_the_audio_starts(
+    engine_factory: EngineFactory, cache_dir: Path
+) -> None:
+    """aiortc's RTCP loop reports 0.5-1.5 s after the transport starts; an audio track that
+    starts 2 s later has sent nothing then, and a report of NTP 0 would be the receiver's
+    mapping of the stream (a clean clone once saw the audio 4e9 s before the video)."""
+    server, runner = await start_server(engine_factory, cache_dir, audio_start_s=2.0)
+    client = CallClient(server.url)
+    try:
+        await client.connect()
+        started = await _first_audio_media_time(client)
+        assert 2.0 <= started <= 2.0 + 0.2, started
+        assert all(ntp != 0 for kind, _, ntp, _ in client.sender_reports), client.sender_reports
+    finally:
+        await client.close()
+        await runner.cleanup()
