@@ -262,8 +262,8 @@ def stamp_sender_reports(
     first packet sent (aiortc adds a random origin it keeps to itself), and a first report goes
     out then, not 0.5-1.5 s later as aiortc's loop would: a receiver can line the streams up from
     the first second. None goes out before it (aiortc's loop would report NTP 0 for a track
-    that has sent nothing yet). Each report's LSR is remembered as sent, so round-trip times from the
-    receiver's reports still count.
+    that has sent nothing yet). Each report's LSR is remembered as sent, so round-trip times from
+    the receiver's reports still count.
 
     ``on_frame_out(media seconds)`` is told each frame's media instant as the sender takes it
     to send (its packets leave before the sender asks for the next).
