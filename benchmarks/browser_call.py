@@ -192,7 +192,10 @@ async def _measure_first_seconds(
                     # From the first frame played (the probe needs the call), for as long.
                     await install_sync_probe(page, FLASH_BOX)
                     playing = await page_now(page)
-                    await asyncio.sleep(seconds + 0.5)
+                    # The last flash's window ends 0.45 s past it; its audio plays out and the
+                    # probe posts its levels (every 85 ms) later still: with 0.05 s to spare a
+                    # flash at the very end was measured on a cut window (-78 ms, once in 100).
+                    await asyncio.sleep(seconds + 1.0)
                     stats = await call_stats(page)
                     probe = await collect_sync_probe(page)
                     await page.evaluate("() => window.avatarCall.stop()")  # hung up, not lost
