@@ -100,7 +100,7 @@ class SessionManager:
             HeadroomSettings(cpu_limit=config.server.cpu_limit or Headroom.default_cpu_limit())
         )
         """What this process measures of its own load; refuses calls it has no room for."""
-        self._ended_speech = (0, 0)
+        self._ended_speech = (0, 0, 0)
         """Speech instants presented and held by calls that have ended."""
         self._pending = 0
         self.memory = MemoryReleaser(executor, lambda: not self.sessions and not self._pending)
@@ -325,8 +325,12 @@ class SessionManager:
     async def _forget(self, session: AvatarSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
             stats = session.scheduler.stats
-            spoken, held = self._ended_speech
-            self._ended_speech = (spoken + stats.speaking_units, held + stats.held_units)
+            spoken, held, units = self._ended_speech
+            self._ended_speech = (
+                spoken + stats.speaking_units,
+                held + stats.held_units,
+                units + stats.units,
+            )
             self.headroom.calls = len(self.sessions)
             self.metrics.sessions.set(len(self.sessions))
             self.memory.release_soon()
@@ -344,13 +348,15 @@ class SessionManager:
     def _audio_sent(self, replayed: bool) -> None:
         self.metrics.audio_frames.labels("replayed" if replayed else "encoded").inc()
 
-    def speech_totals(self) -> tuple[int, int]:
-        """(speech instants presented, instants held) since start, over every call."""
+    def speech_totals(self) -> tuple[int, int, int]:
+        """(speech instants presented, instants held, all instants presented) since start,
+        over every call."""
         stats = [s.scheduler.stats for s in self.sessions.values()]
-        spoken, held = self._ended_speech
+        spoken, held, units = self._ended_speech
         return (
             spoken + sum(x.speaking_units for x in stats),
             held + sum(x.held_units for x in stats),
+            units + sum(x.units for x in stats),
         )
 
     def load_report(self) -> dict[str, float | int | None]:

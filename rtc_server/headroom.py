@@ -8,12 +8,20 @@ is refused with ``503 at_capacity`` and ``Retry-After`` when
   ``lag_limit_s``: the calls it carries are at the edge of real time; a single hiccup, such as
   a call being set up, does not count), or
 - the CPU it uses plus what one more call is measured to cost would pass ``cpu_limit`` cores, or
+- its calls and the new one, all speaking at once, would pass ``cpu_limit`` cores (a call that
+  listens now costs a fifth of one that speaks; admitting by the CPU of listening calls took
+  fourteen on two cores, which fell behind real time as soon as their avatars spoke), or
 - the lip-sync engine, where the calls share one (MuseTalk batching every call on a GPU), is
   not keeping up (the share of speech instants whose frame was not ready, over the window,
   above ``held_limit``).
 
 The per-call cost is learned from the process itself: CPU above the idle baseline, divided by
 the calls it carries, smoothed; until it has been measured a prior is used (``prior_call_cpu``).
+A speaking call's cost is learned the same way from the windows where the avatars spoke (the
+share of the calls' video instants that carried speech says how many calls spoke): the CPU
+above the idle baseline less what the listening calls are measured to cost (nothing while
+unmeasured, which overstates it), divided by the speaking calls; ``prior_speaking_call_cpu``
+until then.
 """
 
 from __future__ import annotations
@@ -30,6 +38,12 @@ from rtc_server.cpu_priority import cores
 
 __all__ = ["Headroom", "HeadroomSettings", "Refusal"]
 
+SPEAKING_CALLS_TO_LEARN = 0.5
+"""Calls speaking on average over a window (their share of instants times the calls) from which
+the window teaches a speaking call's cost."""
+QUIET_SHARE = 0.05
+"""A window whose instants carried speech less than this teaches a listening call's cost."""
+
 
 @dataclass(frozen=True, slots=True)
 class HeadroomSettings:
@@ -41,6 +55,9 @@ class HeadroomSettings:
     """Share of speech instants without their frame above which it takes no more calls."""
     prior_call_cpu: float = 0.15
     """Cores one call is taken to cost until the process has measured it."""
+    prior_speaking_call_cpu: float = 0.25
+    """Cores one speaking call is taken to cost until measured (23-25 % of a core on the
+    2-core machine of the project's figures, the CPU engine with the offline models)."""
     window_s: float = 5.0
     interval_s: float = 0.1
 
@@ -60,14 +77,19 @@ class Headroom:
         self._lags: collections.deque[float] = collections.deque(maxlen=samples)
         self._cpu: collections.deque[tuple[float, float, int]] = collections.deque()
         """(monotonic time, process CPU seconds, calls) samples over the window."""
-        self._speech: collections.deque[tuple[float, int, int]] = collections.deque()
-        """(monotonic time, speech instants, held instants) totals over the window."""
+        self._speech: collections.deque[tuple[float, int, int, int]] = collections.deque()
+        """(monotonic time, speech instants, held instants, all instants) totals over the
+        window."""
         self._idle_cpu: float | None = None
         """Cores the process uses with no call (smoothed)."""
         self._call_cpu: float | None = None
         """Cores one call costs (smoothed)."""
+        self._listening_call_cpu: float | None = None
+        """Cores one call costs while no avatar speaks (smoothed)."""
+        self._speaking_call_cpu: float | None = None
+        """Cores one call costs while its avatar speaks (smoothed)."""
         self._task: asyncio.Task[None] | None = None
-        self._speech_totals: Callable[[], tuple[int, int]] | None = None
+        self._speech_totals: Callable[[], tuple[int, int, int]] | None = None
         self.calls = 0
 
     @staticmethod
@@ -76,8 +98,9 @@ class Headroom:
         plus the threads that encode and render beside it."""
         return 0.9 * max(1.0, cores() / max(1, workers))
 
-    def start(self, speech_totals: Callable[[], tuple[int, int]] | None = None) -> None:
-        """Sample from now on; ``speech_totals`` gives (speech instants, held) over all calls."""
+    def start(self, speech_totals: Callable[[], tuple[int, int, int]] | None = None) -> None:
+        """Sample from now on; ``speech_totals`` gives (speech instants, held, all instants)
+        over all calls."""
         self._speech_totals = speech_totals
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="headroom")
@@ -112,13 +135,29 @@ class Headroom:
             return  # calls came or went during the window: no clean figure
         if calls0 == 0:
             self._idle_cpu = _smooth(self._idle_cpu, cores)
-        elif self._idle_cpu is not None:
-            self._call_cpu = _smooth(self._call_cpu, max(0.0, cores - self._idle_cpu) / calls0)
+            return
+        if self._idle_cpu is None:
+            return
+        above_idle = max(0.0, cores - self._idle_cpu)
+        self._call_cpu = _smooth(self._call_cpu, above_idle / calls0)
+        share = self.speaking_share
+        if share is None:
+            return
+        speaking = share * calls0
+        if speaking < SPEAKING_CALLS_TO_LEARN:
+            if share < QUIET_SHARE:
+                self._listening_call_cpu = _smooth(self._listening_call_cpu, above_idle / calls0)
+            return
+        listening = (calls0 - speaking) * (self._listening_call_cpu or 0.0)
+        self._speaking_call_cpu = _smooth(
+            self._speaking_call_cpu, max(0.0, above_idle - listening) / speaking
+        )
 
-    def note_speech(self, instants: int, held: int) -> None:
-        """Running totals of speech instants presented and held, over all calls."""
+    def note_speech(self, instants: int, held: int, units: int) -> None:
+        """Running totals of speech instants presented and held, and of all instants (speech
+        or not), over all calls."""
         now = time.monotonic()
-        self._speech.append((now, instants, held))
+        self._speech.append((now, instants, held, units))
         while self._speech and now - self._speech[0][0] > self.settings.window_s:
             self._speech.popleft()
 
@@ -148,12 +187,29 @@ class Headroom:
         return self._call_cpu if self._call_cpu is not None else self.settings.prior_call_cpu
 
     @property
+    def speaking_call_cpu(self) -> float:
+        """Cores one call costs while its avatar speaks: measured, or the prior until then."""
+        if self._speaking_call_cpu is not None:
+            return self._speaking_call_cpu
+        return self.settings.prior_speaking_call_cpu
+
+    @property
     def held_share(self) -> float:
         if len(self._speech) < 2:
             return 0.0
-        _, i0, h0 = self._speech[0]
-        _, i1, h1 = self._speech[-1]
+        _, i0, h0, _ = self._speech[0]
+        _, i1, h1, _ = self._speech[-1]
         return (h1 - h0) / (i1 - i0) if i1 > i0 else 0.0
+
+    @property
+    def speaking_share(self) -> float | None:
+        """The share of the calls' instants that carried speech over the window (the share of
+        the calls speaking, on average); None before any instant was presented."""
+        if len(self._speech) < 2:
+            return None
+        _, i0, _, u0 = self._speech[0]
+        _, i1, _, u1 = self._speech[-1]
+        return (i1 - i0) / (u1 - u0) if u1 > u0 else None
 
     def refusal(self, *, engine_shared: bool = True) -> Refusal | None:
         """Why one more call would not fit now, or None if it would. A process with no call
@@ -171,6 +227,13 @@ class Headroom:
                 f"{self.call_cpu:.2f}, the limit is {s.cpu_limit:.2f}",
                 10,
             )
+        all_speaking = (self._idle_cpu or 0.0) + (self.calls + 1) * self.speaking_call_cpu
+        if all_speaking > s.cpu_limit:
+            return Refusal(
+                f"{self.calls + 1} calls speaking at once would need about {all_speaking:.2f} "
+                f"cores ({self.speaking_call_cpu:.2f} a call), the limit is {s.cpu_limit:.2f}",
+                10,
+            )
         return None
 
     def snapshot(self) -> dict[str, float | int | None]:
@@ -182,6 +245,8 @@ class Headroom:
             "cpu_limit": round(self.settings.cpu_limit, 3),
             "call_cpu": round(self.call_cpu, 3),
             "call_cpu_measured": self._call_cpu is not None,
+            "speaking_call_cpu": round(self.speaking_call_cpu, 3),
+            "speaking_call_cpu_measured": self._speaking_call_cpu is not None,
             "idle_cpu": None if self._idle_cpu is None else round(self._idle_cpu, 3),
             "held_share": round(self.held_share, 3),
         }

@@ -87,6 +87,12 @@ class Metrics:
             "Cores one call costs, as this process measured it (a prior until measured).",
             registry=self.registry,
         )
+        self.speaking_call_cpu_cores = Gauge(
+            "avatar_rtc_speaking_call_cpu_cores",
+            "Cores one call costs while its avatar speaks, as this process measured it (a "
+            "prior until measured): admission keeps room for every call speaking at once.",
+            registry=self.registry,
+        )
         self.utterances = Counter(
             "avatar_rtc_utterances", "Say requests accepted.", registry=self.registry
         )
@@ -103,3 +109,4 @@ class Metrics:
         self.loop_lag.set(headroom.loop_lag_s)
         self.cpu_cores.set(headroom.cpu_cores)
         self.call_cpu_cores.set(headroom.call_cpu)
+        self.speaking_call_cpu_cores.set(headroom.speaking_call_cpu)

@@ -40,7 +40,9 @@ def test_the_cost_of_a_call_is_learned_and_admission_follows_it(
 ) -> None:
     clock = FakeTime()
     monkeypatch.setattr(headroom_module, "time", clock)
-    room = Headroom(HeadroomSettings(cpu_limit=0.6, prior_call_cpu=0.15))
+    # The CPU in use is what decides here (a speaking call's cost: the next test).
+    settings = HeadroomSettings(cpu_limit=0.6, prior_call_cpu=0.15, prior_speaking_call_cpu=0.2)
+    room = Headroom(settings)
     assert room.refusal() is None, "a process with no call always takes one"
     clock.run(6, 0.1, room)  # idle: 0.1 core
     room.calls = 2
@@ -56,11 +58,49 @@ def test_the_cost_of_a_call_is_learned_and_admission_follows_it(
     assert snapshot["call_cpu_measured"] and snapshot["calls"] == 1
 
 
+def test_calls_are_admitted_for_what_they_cost_when_they_all_speak(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(headroom_module, "time", clock)
+    room = Headroom(HeadroomSettings(cpu_limit=1.0, prior_speaking_call_cpu=0.5))
+    units = speaking = 0
+
+    def run(seconds: float, cores: float, share: float) -> None:
+        # 30 instants a second a call, ``share`` of them speech; sampled as the process does.
+        nonlocal units, speaking
+        for _ in range(round(seconds / 0.1)):
+            clock.now += 0.1
+            clock.cpu += cores * 0.1
+            units += 3 * room.calls
+            speaking += round(3 * room.calls * share)
+            room._sample_cpu()
+            room.note_speech(speaking, 0, units)
+
+    run(6, 0.1, 0.0)  # no call: 0.1 core
+    room.calls = 2
+    run(6, 0.2, 0.0)  # two listening calls: 0.05 core each
+    assert room.refusal() is not None, "the prior: 0.1 + 3 x 0.5 speaking > 1.0"
+    run(6, 0.6, 1.0)  # both speak: 0.25 core each
+    assert room.speaking_call_cpu == pytest.approx(0.25, abs=0.01)
+    run(6, 0.4, 0.5)  # one speaks, one listens: the same costs
+    assert room.speaking_call_cpu == pytest.approx(0.25, abs=0.01)
+    room.calls = 3
+    run(6, 0.25, 0.0)  # three listening: 0.25 cores in use, room for a fourth by that alone
+    assert room.cpu_cores + room.call_cpu <= 1.0
+    refusal = room.refusal()  # but four speaking need 0.1 + 4 x 0.25 = 1.1 > 1.0
+    assert refusal is not None and "4 calls speaking at once" in refusal.reason, refusal
+    assert room.snapshot()["speaking_call_cpu_measured"]
+    room.calls = 2
+    run(6, 0.2, 0.0)
+    assert room.refusal() is None  # 0.1 + 3 x 0.25 = 0.85
+
+
 def test_a_shared_engine_that_does_not_keep_up_closes_admission() -> None:
     room = Headroom(HeadroomSettings(cpu_limit=64.0, held_limit=0.1))
     room.calls = 1
-    room.note_speech(1000, 10)
-    room.note_speech(1100, 40)  # 30 of the last 100 speech instants held
+    room.note_speech(1000, 10, 2000)
+    room.note_speech(1100, 40, 2200)  # 30 of the last 100 speech instants held
     refusal = room.refusal(engine_shared=True)
     assert refusal is not None and "keeping up" in refusal.reason
     # One engine per call (the CPU renderer): another call's engine says nothing of the next.
@@ -91,7 +131,7 @@ async def test_at_capacity_a_new_call_gets_503_and_the_running_call_goes_on(
             async with http.get(server.url + "/readyz") as resp:
                 ready = await resp.json()
                 assert ready["sessions"] == 1 and ready["cpu_limit"] == 0.01
-                assert {"loop_lag_ms", "cpu_cores", "call_cpu"} <= set(ready)
+                assert {"loop_lag_ms", "cpu_cores", "call_cpu", "speaking_call_cpu"} <= set(ready)
             async with http.get(server.url + "/metrics") as resp:
                 text = await resp.text()
                 assert 'avatar_rtc_calls_refused_total{reason="headroom"} 1.0' in text
