@@ -411,6 +411,10 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     for s in r["steps"]:
         if not s["smooth"]:
             print(f"{s['calls']} call(s) not smooth: {'; '.join(s['not_smooth_because'])}")
+    if r.get("refused"):
+        x = r["refused"]
+        why = f"({x['status']} {x['code']}): {x['message']}"
+        print(f"call {x['calls']} refused by the server {why}")
     print(f"largest smooth: {r['largest_smooth_calls']} call(s)")
     return {
         "max_calls": args.max_calls,
@@ -540,7 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     lod.add_argument(
         "--headroom",
         action="store_true",
-        help="let the spawned server refuse calls it has no room for (503s count as failed)",
+        help="let the spawned server refuse calls it has no room for (the first refusal "
+        "ends the run and is reported)",
     )
     lod.add_argument("--idle-s", type=float, default=5.0, help="idle window per step")
     lod.add_argument(

@@ -127,6 +127,17 @@ class Received:
     kernel arrivals, ``video`` holds when it arrived)."""
 
 
+class OfferRefused(RuntimeError):
+    """The server answered the offer with an error (``503 at_capacity``, ``429``...)."""
+
+    def __init__(self, status: int, answer: Any) -> None:
+        super().__init__(f"offer refused ({status}): {answer}")
+        self.status = status
+        error = answer.get("error", {}) if isinstance(answer, dict) else {}
+        self.code = str(error.get("code", ""))
+        self.message = str(error.get("message", ""))
+
+
 class CallClient:
     """A caller: offers audio (sendrecv) + video (recvonly) + the ``events`` data channel."""
 
@@ -366,7 +377,7 @@ class CallClient:
             async with http.post(self.url + route, json=body) as resp:
                 answer = await resp.json()
                 if resp.status != 200:
-                    raise RuntimeError(f"offer refused ({resp.status}): {answer}")
+                    raise OfferRefused(resp.status, answer)
         self.resume_credential = str(answer.get("resume", ""))
         if rewrite_answer is not None:
             answer["sdp"] = rewrite_answer(answer["sdp"])

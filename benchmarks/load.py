@@ -25,7 +25,7 @@ import aiohttp
 import numpy as np
 
 from benchmarks.analysis import PLAYOUT_DELAY_S, Hole, reply_audio, voiced_span
-from benchmarks.client import CallClient, Microphone
+from benchmarks.client import CallClient, Microphone, OfferRefused
 from benchmarks.clip import speech_pcm
 from benchmarks.latency import QUESTIONS, spawn_server
 from benchmarks.procstat import usage
@@ -54,8 +54,8 @@ class Settings:
     workers: int | None = None
     """Passed to the spawned server as ``--workers N`` (only when given)."""
     headroom: bool = False
-    """Let the spawned server refuse calls it has no headroom for (503: a failed call in the
-    table). Off by default: the bench looks for where calls stop being smooth."""
+    """Let the spawned server refuse calls it has no headroom for (the first 503 ends the run,
+    kept as ``refused``). Off by default: the bench looks for where calls stop being smooth."""
     url: str | None = None
     server_pid: int | None = None
     """With ``url``: the server's process, for its CPU and memory (else they are not read)."""
@@ -157,9 +157,13 @@ async def connect_light_caller(url: str) -> tuple[CallClient, Microphone]:
     client = CallClient(
         url, microphone=mic, record_video=False, decode_video=False, kernel_arrivals=True
     )
-    await client.connect()
-    await client.wait_channel_open()
-    await client.wait_state("listening", timeout=30)
+    try:
+        await client.connect()
+        await client.wait_channel_open()
+        await client.wait_state("listening", timeout=30)
+    except BaseException:
+        await client.close()
+        raise
     return client, mic
 
 
@@ -569,12 +573,21 @@ async def _measure(s: Settings) -> dict[str, Any]:
     callers: list[tuple[CallClient, Microphone]] = []
     steps: list[dict[str, Any]] = []
     largest = 0
+    refused: dict[str, Any] | None = None
     try:
         callers.append(await connect_light_caller(url))
         ref, baseline = await _baseline(*callers[0], pcm, s)
         for n in range(1, s.max_calls + 1):
             if n > 1:
-                callers.append(await connect_light_caller(url))
+                try:
+                    callers.append(await connect_light_caller(url))
+                except OfferRefused as exc:
+                    # The server's admission said no (with --headroom): where it stops
+                    # taking calls is a result, and no more are tried.
+                    refused = {"calls": n, "status": exc.status, "code": exc.code}
+                    refused["message"] = exc.message
+                    print(f"  call {n} refused ({exc.status} {exc.code}): {exc.message}")
+                    break
             await asyncio.sleep(1.0)
             step = await _step(callers, pcm, ref, s, url, pid)
             steps.append(step)
@@ -592,6 +605,7 @@ async def _measure(s: Settings) -> dict[str, Any]:
     return {
         "largest_smooth_calls": largest,
         "max_calls_tried": len(steps),
+        "refused": refused,
         "turns": s.turns,
         "workers": s.workers,
         "headroom": s.headroom,

@@ -20,6 +20,8 @@ from benchmarks.load import (
     PAUSE_MARGIN_MS,
     Answer,
     Reference,
+    Settings,
+    _measure,
     delay_summary,
     holes,
     server_delay_buckets,
@@ -30,6 +32,8 @@ from benchmarks.load import (
     summarize_step,
 )
 from benchmarks.procstat import usage
+from rtc_server.engine_factory import EngineFactory
+from tests.conftest import start_server
 
 LOUD = (np.sin(np.arange(960) / 5) * 8000).astype(np.int16)
 QUIET = np.zeros(960, np.int16)
@@ -243,3 +247,23 @@ def test_the_servers_own_counts_are_read_from_every_workers_metrics() -> None:
     assert delay_summary(before, buckets) == {"frames": 100, "p50": 10.0, "p99": None}
     assert delay_summary({}, buckets) == {"frames": 200, "p50": 10.0, "p99": 40.0}
     assert delay_summary(None, buckets) is None
+
+
+async def test_a_call_the_server_refuses_ends_the_run_and_is_reported(
+    engine_factory: EngineFactory, cache_dir: Path
+) -> None:
+    # Admission on, with a budget no second call fits in: the first call is always taken.
+    server, runner = await start_server(engine_factory, cache_dir, headroom=True, cpu_limit=0.01)
+    try:
+        settings = Settings(url=server.url, max_calls=3, baseline_turns=1, idle_s=1.0)
+        r = await _measure(settings)
+    finally:
+        await runner.cleanup()
+    assert r["refused"]["calls"] == 2 and r["refused"]["status"] == 503, r["refused"]
+    assert r["refused"]["code"] == "at_capacity" and "no room" in r["refused"]["message"]
+    assert [step["calls"] for step in r["steps"]] == [1]
+    assert r["max_calls_tried"] == 1
+    assert not server.manager.sessions, "the refused caller and the others were closed"
+    schema = json.loads((Path(__file__).parents[1] / "benchmarks" / "schema.json").read_text())
+    load = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": "#/$defs/load"}
+    jsonschema.validate(json.loads(json.dumps(r, default=float)), load)
