@@ -15,13 +15,13 @@ is refused with ``503 at_capacity`` and ``Retry-After`` when
   not keeping up (the share of speech instants whose frame was not ready, over the window,
   above ``held_limit``).
 
-The per-call cost is learned from the process itself: CPU above the idle baseline, divided by
-the calls it carries, smoothed; until it has been measured a prior is used (``prior_call_cpu``).
-A speaking call's cost is learned the same way from the windows where the avatars spoke (the
-share of the calls' video instants that carried speech says how many calls spoke): the CPU
-above the idle baseline less what the listening calls are measured to cost (nothing while
-unmeasured, which overstates it), divided by the speaking calls; ``prior_speaking_call_cpu``
-until then.
+The per-call cost is learned from the process itself: CPU above the idle baseline (none until
+the process has idled a window), divided by the calls it carries, smoothed; until it has been
+measured a prior is used (``prior_call_cpu``). A speaking call's cost is learned the same way
+from the windows where the avatars spoke (the share of the calls' video instants that carried
+speech says how many calls spoke): the CPU above the idle baseline less what the listening
+calls are measured to cost (nothing while unmeasured, which overstates it), divided by the
+speaking calls; ``prior_speaking_call_cpu`` until then.
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ class Headroom:
         if calls0 == 0:
             self._idle_cpu = _smooth(self._idle_cpu, cores)
             return
-        if self._idle_cpu is None:
-            return
-        above_idle = max(0.0, cores - self._idle_cpu)
+        # A process whose first call came before it had idled a window has no baseline: its
+        # calls are charged with it (an overstatement, on the safe side) until it has one.
+        above_idle = max(0.0, cores - (self._idle_cpu or 0.0))
         self._call_cpu = _smooth(self._call_cpu, above_idle / calls0)
         share = self.speaking_share
         if share is None:

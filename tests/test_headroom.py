@@ -96,6 +96,24 @@ def test_calls_are_admitted_for_what_they_cost_when_they_all_speak(
     assert room.refusal() is None  # 0.1 + 3 x 0.25 = 0.85
 
 
+def test_calls_that_came_before_an_idle_window_are_charged_with_the_baseline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(headroom_module, "time", clock)
+    room = Headroom(HeadroomSettings(cpu_limit=1.0))
+    room.calls = 2  # from the start: the process never idled a window
+    for i in range(60):
+        clock.now += 0.1
+        clock.cpu += 0.6 * 0.1  # both speak: 0.6 core, the baseline in it
+        room._sample_cpu()
+        room.note_speech(6 * (i + 1), 0, 6 * (i + 1))
+    snapshot = room.snapshot()
+    assert snapshot["idle_cpu"] is None and snapshot["speaking_call_cpu_measured"]
+    assert room.speaking_call_cpu == pytest.approx(0.3, abs=0.01)
+    assert room.call_cpu == pytest.approx(0.3, abs=0.01)
+
+
 def test_a_shared_engine_that_does_not_keep_up_closes_admission() -> None:
     room = Headroom(HeadroomSettings(cpu_limit=64.0, held_limit=0.1))
     room.calls = 1
