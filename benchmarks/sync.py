@@ -38,12 +38,17 @@ def sync_test_factory(video_delay_ms: float = 0.0) -> EngineFactory:
 
 
 async def _measure(
-    seconds: float, video_delay_ms: float, url: str | None, sender_reports: str = "media"
+    seconds: float,
+    video_delay_ms: float,
+    url: str | None,
+    sender_reports: str = "media",
+    **media: Any,
 ) -> dict[str, Any]:
+    """``media``: more ``MediaSettings`` of the in-process server."""
     runner = None
     if url is None:
         factory = sync_test_factory(video_delay_ms)
-        url, runner, _ = await _server(factory, sender_reports=sender_reports)
+        url, runner, _ = await _server(factory, sender_reports=sender_reports, **media)
     elif video_delay_ms:
         raise ValueError("--video-delay-ms works on the in-process server only")
     client = CallClient(url)

@@ -253,8 +253,12 @@ class SessionManager:
             # The video transceiver must exist before the offer is applied, or aiortc keeps the
             # browser's codec order (VP8 first): prefer H.264, VP8 only when H.264 is missing.
             video = pc.addTransceiver(session.video_track, direction="sendonly")
-            # Frames taken ahead of their instants are encoded meanwhile and sent at them.
-            send_at_media_time(video.sender, VIDEO_RATE, session.clock.sleep_until)
+            # Frames taken ahead of their instants are encoded meanwhile and sent at them
+            # (or ``video_send_delay_s`` after them).
+            late = self.config.media.video_send_delay_s
+            send_at_media_time(
+                video.sender, VIDEO_RATE, lambda t: session.clock.sleep_until(t + late)
+            )
             codecs = RTCRtpSender.getCapabilities("video").codecs
             wanted = "video/H264" if "video/H264" in offer.video_codecs else "video/VP8"
             video.setCodecPreferences(

@@ -254,6 +254,14 @@ class MediaSettings:
     at its instant, sent when encoded). The encode and its thread hand-offs then no longer
     delay the frame: on a busy server they made frames leave 5-15 ms late, unevenly. Speech
     starts this much later so that its first frame is ready as early (at most one frame)."""
+    video_send_delay_s: float = 0.0
+    """A video frame leaves this long after its instant; its RTP time and the sender reports
+    stay on the call's clock, so a receiver that lines the streams up by the reports is not
+    moved, and the audio is not delayed. Chromium plays a fresh call's audio about 30 ms behind
+    its video until its lip-sync settles, 15-20 s in; with 0.025 the first seconds play at the
+    settled offset (benchmarks/README.md, 2026-12-04 midnight). Off by default for now:
+    receivers that time the streams by arrival (aiortc's, and our lip-sync tests) see the
+    video that much later."""
 
     def __post_init__(self) -> None:
         if bool(self.turn_secret) != bool(self.turn_urls):
@@ -269,6 +277,10 @@ class MediaSettings:
             raise ConfigError(f"sender_reports must be media or sent, not {self.sender_reports!r}")
         if not 0.0 <= self.video_lead_s <= 0.04:
             raise ConfigError(f"video_lead_s must be 0 .. 0.04 s, not {self.video_lead_s}")
+        if not 0.0 <= self.video_send_delay_s <= 0.1:
+            raise ConfigError(
+                f"video_send_delay_s must be 0 .. 0.1 s, not {self.video_send_delay_s}"
+            )
         if not 0.0 <= self.audio_start_s <= 2.0:
             raise ConfigError(f"audio_start_s must be 0 .. 2 s, not {self.audio_start_s}")
         if not 60 <= self.turn_ttl_s <= 7 * 86400:
