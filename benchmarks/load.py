@@ -584,8 +584,12 @@ async def _measure(s: Settings) -> dict[str, Any]:
                 except OfferRefused as exc:
                     # The server's admission said no (with --headroom): where it stops
                     # taking calls is a result, and no more are tried.
-                    refused = {"calls": n, "status": exc.status, "code": exc.code}
-                    refused["message"] = exc.message
+                    refused = {
+                        "calls": n,
+                        "status": exc.status,
+                        "code": exc.code,
+                        "message": exc.message,
+                    }
                     print(f"  call {n} refused ({exc.status} {exc.code}): {exc.message}")
                     break
             await asyncio.sleep(1.0)

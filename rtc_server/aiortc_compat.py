@@ -212,7 +212,10 @@ def send_encoded_audio(
 
 
 def send_at_media_time(
-    sender: RTCRtpSender, clock_rate: int, sleep_until: Callable[[float], Awaitable[None]]
+    sender: RTCRtpSender,
+    clock_rate: int,
+    sleep_until: Callable[[float], Awaitable[None]],
+    after_s: float = 0.0,
 ) -> None:
     """Have ``sender`` send each encoded frame at its media instant, not as soon as encoded.
 
@@ -223,13 +226,14 @@ def send_at_media_time(
     ``video_lead_s``) has them encoded meanwhile, and here each waits for its instant on the
     call's clock (``sleep_until(media seconds)``; a frame's RTP time without aiortc's random
     origin is its media time). A frame encoded after its instant goes at once, as before.
+    ``after_s``: each frame waits that much past its instant instead (its RTP time unchanged).
     """
     next_frame = sender._next_encoded_frame
 
     async def next_encoded_frame(codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
         frame = await next_frame(codec)
         if frame is not None:
-            await sleep_until(frame.timestamp / clock_rate)
+            await sleep_until(frame.timestamp / clock_rate + after_s)
         return frame
 
     sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]

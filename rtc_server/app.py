@@ -256,9 +256,7 @@ class SessionManager:
             # Frames taken ahead of their instants are encoded meanwhile and sent at them
             # (or ``video_send_delay_s`` after them).
             late = self.config.media.video_send_delay_s
-            send_at_media_time(
-                video.sender, VIDEO_RATE, lambda t: session.clock.sleep_until(t + late)
-            )
+            send_at_media_time(video.sender, VIDEO_RATE, session.clock.sleep_until, late)
             codecs = RTCRtpSender.getCapabilities("video").codecs
             wanted = "video/H264" if "video/H264" in offer.video_codecs else "video/VP8"
             video.setCodecPreferences(

@@ -35,9 +35,9 @@ __all__ = [
     "SPEECH_NICE",
     "blas_on_calling_thread",
     "cores",
-    "side_by_side",
     "kernels_on_calling_thread",
     "lower_this_thread",
+    "side_by_side",
     "thread_nice",
 ]
 
