@@ -29,6 +29,15 @@ def stream_times(arrivals: Sequence[float], rtp: Sequence[int], clock_rate: int)
     return media + offset
 
 
+def frame_times(frames: Sequence[Frame], clock_rate: int, sent_late_s: float = 0.0) -> np.ndarray:
+    """:func:`stream_times` of received frames, less ``sent_late_s``: how long after its
+    instant the sender sends each frame on purpose (for our server's video,
+    ``MediaSettings.video_send_delay_s``; a browser lines the streams up by the sender reports,
+    which that delay does not move, once its lip-sync has settled)."""
+    arrivals = [a for a, _, _ in frames]
+    return stream_times(arrivals, [t for _, t, _ in frames], clock_rate) - sent_late_s
+
+
 def mouth_motion(images: Sequence[np.ndarray], box: tuple[int, int, int, int]) -> np.ndarray:
     """Mean absolute difference of the mouth box between consecutive frames (first is 0)."""
     x, y, w, h = box
@@ -88,13 +97,18 @@ def av_offset(
 
 
 def lip_sync(
-    video: Sequence[Frame], audio: Sequence[Frame], mouth_box: tuple[int, int, int, int]
+    video: Sequence[Frame],
+    audio: Sequence[Frame],
+    mouth_box: tuple[int, int, int, int],
+    *,
+    video_sent_late_s: float,
 ) -> SyncResult:
     """How the mouth in ``video`` follows ``audio`` (48 kHz mono), both as received: each
-    stream on its arrival-anchored RTP timeline, mouth motion against the audio's envelope
+    stream on its arrival-anchored RTP timeline (the video's less ``video_sent_late_s``, the
+    server's ``MediaSettings.video_send_delay_s``), mouth motion against the audio's envelope
     change (:func:`av_offset`)."""
-    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], VIDEO_CLOCK)
-    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], AUDIO_CLOCK)
+    vt = frame_times(video, VIDEO_CLOCK, video_sent_late_s)
+    at = frame_times(audio, AUDIO_CLOCK)
     pcm = np.concatenate([p for _, _, p in audio])
     return av_offset(vt, mouth_motion([img for _, _, img in video], mouth_box), at, pcm)
 

@@ -43,6 +43,14 @@ async def _server(
     return f"http://127.0.0.1:{runner.addresses[0][1]}", runner, factory
 
 
+def video_sent_late_s(runner: web.AppRunner) -> float:
+    """How long after its instant the server of ``runner`` sends each video frame on purpose
+    (``MediaSettings.video_send_delay_s``): what a measurement by arrival takes off."""
+    app = runner.app
+    assert app is not None
+    return float(app[MANAGER].config.media.video_send_delay_s)
+
+
 async def _measure(says: int, url: str | None) -> dict[str, Any]:
     runner = None
     mouth_box = None
@@ -72,7 +80,8 @@ async def _measure(says: int, url: str | None) -> dict[str, Any]:
             audio = client.received.audio[a0:]
             speaking.append([a for a, _, _ in video])
             if mouth_box is not None:
-                result = lip_sync(video, audio, mouth_box)
+                late = video_sent_late_s(runner)  # type: ignore[arg-type]
+                result = lip_sync(video, audio, mouth_box, video_sent_late_s=late)
                 offsets.append({"offset_ms": result.offset_ms, "correlation": result.correlation})
     finally:
         await client.close()

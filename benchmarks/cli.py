@@ -299,7 +299,7 @@ def _sync(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         modes: tuple[str, ...] = ("default",)
         modes += ("sent reports",) if args.compare_sender_reports else ()
         modes += ("audio with the video",) if args.compare_audio_start else ()
-        modes += ("video sent 25 ms late",) if args.compare_video_send_delay else ()
+        modes += ("video sent at its instant",) if args.compare_video_send_delay else ()
         f = browser_call.run_first_seconds(args.fresh_calls, round(args.seconds), modes)
         print("offset in Chromium at each flash from the first frame (ms, + = video later)")
         print(table(*browser_call.first_seconds_table(f)))
@@ -526,8 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument(
         "--compare-video-send-delay",
         action="store_true",
-        help="with --fresh-calls: as many calls again with each video frame sent 25 ms after "
-        "its instant (MediaSettings.video_send_delay_s)",
+        help="with --fresh-calls: as many calls again with each video frame sent at its "
+        "instant (the default sends it 25 ms after: MediaSettings.video_send_delay_s)",
     )
     syn.add_argument(
         "--browser",

@@ -2,7 +2,9 @@
 
 The server's engine flashes the frame and beeps the audio on the same media instant once a
 second. An aiortc caller records both streams, timed by packet arrival on the sender's RTP
-timeline; the offset is each flash's time minus its beep's (positive: video later).
+timeline; the offset is each flash's time minus its beep's (positive: video later), less the
+delay the in-process server sends its video with on purpose (``MediaSettings.video_send_delay_s``;
+a server given by ``--url`` is measured as it arrives).
 ``--video-delay-ms`` makes the engine put its beeps that much before their flashes, a known
 offset the measurement must recover.
 """
@@ -14,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.analysis import beep_onsets, flash_onsets, paired_offsets_ms, stream_times
-from benchmarks.call import _server
+from benchmarks.analysis import beep_onsets, flash_onsets, frame_times, paired_offsets_ms
+from benchmarks.call import _server, video_sent_late_s
 from benchmarks.client import CallClient
 from benchmarks.report import progress, summary
 from musetalk_core.synctest import SyncTestEngine
@@ -46,9 +48,11 @@ async def _measure(
 ) -> dict[str, Any]:
     """``media``: more ``MediaSettings`` of the in-process server."""
     runner = None
+    late = 0.0
     if url is None:
         factory = sync_test_factory(video_delay_ms)
         url, runner, _ = await _server(factory, sender_reports=sender_reports, **media)
+        late = video_sent_late_s(runner)
     elif video_delay_ms:
         raise ValueError("--video-delay-ms works on the in-process server only")
     client = CallClient(url)
@@ -62,8 +66,8 @@ async def _measure(
         await client.close()
         if runner is not None:
             await runner.cleanup()
-    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
-    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
+    vt = frame_times(video, 90_000, late)
+    at = frame_times(audio, 48_000)
     flashes = flash_onsets(vt, [img for _, _, img in video])
     beeps = beep_onsets(at, np.concatenate([p for _, _, p in audio])) - OPUS_DECODER_DELAY_S
     offsets = paired_offsets_ms(flashes, beeps)
@@ -77,6 +81,8 @@ async def _measure(
         # a receiver cannot line them up.
         "first_report_s": {k: first_report_s(client, k) for k in ("audio", "video")},
         "injected_video_delay_ms": video_delay_ms,
+        # Taken off the arrival times: the server's own send delay (None: not known, --url).
+        "video_sent_late_ms": late * 1000 if runner is not None else None,
         "flashes": int(flashes.size),
         "beeps": int(beeps.size),
         "offset_ms": summary(offsets.tolist()),

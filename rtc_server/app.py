@@ -338,12 +338,14 @@ class SessionManager:
             self.memory.release_soon()
 
     def _frame_delay(self, session: AvatarSession, kind: str) -> Callable[[float], None]:
-        """What observes how late each of ``session``'s ``kind`` frames leaves."""
+        """What observes how late each of ``session``'s ``kind`` frames leaves: after its
+        instant, or for video after ``video_send_delay_s`` past it, when it was due."""
         histogram = self.metrics.frame_delay.labels(kind)
         clock = session.clock
+        due_after = self.config.media.video_send_delay_s if kind == "video" else 0.0
 
         def observe(media_s: float) -> None:
-            histogram.observe(max(0.0, clock.now() - media_s))
+            histogram.observe(max(0.0, clock.now() - media_s - due_after))
 
         return observe
 

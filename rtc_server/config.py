@@ -254,14 +254,15 @@ class MediaSettings:
     at its instant, sent when encoded). The encode and its thread hand-offs then no longer
     delay the frame: on a busy server they made frames leave 5-15 ms late, unevenly. Speech
     starts this much later so that its first frame is ready as early (at most one frame)."""
-    video_send_delay_s: float = 0.0
-    """A video frame leaves this long after its instant; its RTP time and the sender reports
-    stay on the call's clock, so a receiver that lines the streams up by the reports is not
-    moved, and the audio is not delayed. Chromium plays a fresh call's audio about 30 ms behind
-    its video until its lip-sync settles, 15-20 s in; with 0.025 the first seconds play at the
-    settled offset (benchmarks/README.md, 2026-12-04 midnight). Off by default for now:
-    receivers that time the streams by arrival (aiortc's, and our lip-sync tests) see the
-    video that much later."""
+    video_send_delay_s: float = 0.025
+    """A video frame leaves this long after its instant (0: at it); its RTP time and the sender
+    reports stay on the call's clock, so a receiver that lines the streams up by the reports is
+    not moved, and the audio is not delayed. Chromium plays a fresh call's audio about 30 ms
+    behind its video until its lip-sync settles, 15-20 s in; with 0.025 the first seconds play
+    at the settled offset (benchmarks/README.md, 2026-12-04 midnight; the default since
+    2026-12-05). A receiver that times the streams by arrival alone (aiortc's, or our own
+    measurements on an aiortc caller) sees the video this much later, and takes it off
+    (``benchmarks.analysis.frame_times``)."""
 
     def __post_init__(self) -> None:
         if bool(self.turn_secret) != bool(self.turn_urls):

@@ -52,9 +52,10 @@ class Metrics:
         )
         self.frame_delay = Histogram(
             "avatar_rtc_frame_send_delay_seconds",
-            "How long after its media instant a frame's packets left, by track: the event "
-            "loop's wake-up, and for video the encode and its thread hand-offs. What a caller "
-            "sees as uneven frame arrival starts here.",
+            "How long after it was due a frame's packets left, by track (audio: its media "
+            "instant; video: video_send_delay_s past it): the event loop's wake-up, and for "
+            "video the encode and its thread hand-offs. What a caller sees as uneven frame "
+            "arrival starts here.",
             ["kind"],
             buckets=(0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.25),
             registry=self.registry,

@@ -52,6 +52,12 @@ class LiveServer:
     def manager(self) -> SessionManager:
         return self.app[MANAGER]
 
+    @property
+    def video_sent_late_s(self) -> float:
+        """How long after its instant this server sends each video frame on purpose: what a
+        measurement by arrival takes off the video (``benchmarks.analysis.frame_times``)."""
+        return self.manager.config.media.video_send_delay_s
+
 
 async def start_server(
     engine_factory: EngineFactory, cache_dir: Path, **config: object

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.analysis import beep_onsets, flash_onsets, stream_times
+from benchmarks.analysis import beep_onsets, flash_onsets, frame_times
 from benchmarks.client import CallClient
 from musetalk_core.segments import SegmentQueue
 from musetalk_core.types import AudioChunk, AvatarFrame
@@ -139,7 +139,7 @@ async def test_half_real_time_engine_neither_delays_nor_tears_the_speech(
         engines.clear()
 
     # The speech: every beep where the track has it, on the sender's timeline (RTP time).
-    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], RATE)
+    at = frame_times(audio, RATE)
     pcm = np.concatenate([p for _, _, p in audio])
     beeps = beep_onsets(at, pcm) - OPUS_DECODER_DELAY_S
     expected = np.arange(0, PIECES, BEEP_EVERY) * N / RATE
@@ -153,7 +153,7 @@ async def test_half_real_time_engine_neither_delays_nor_tears_the_speech(
 
     # The burst happened, and the picture was held meanwhile, the video kept coming.
     assert stats.held_units >= 30 and stats.stale_frames >= 20, stats
-    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
+    vt = frame_times(video, 90_000, server.video_sent_late_s)
     during = (vt >= beeps[0]) & (vt <= beeps[-1])
     assert during.sum() >= 0.8 * span * FPS, f"{during.sum()} frames over {span:.2f} s"
 

@@ -121,7 +121,7 @@ async def test_say_over_a_real_call(live_server: LiveServer, whisper) -> None:  
     # The mouth follows the audio: motion against envelope change, best lag within ±40 ms.
     box = live_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
     assert box is not None
-    result = lip_sync(video, audio, box)
+    result = lip_sync(video, audio, box, video_sent_late_s=live_server.video_sent_late_s)
     print(f"lip-sync: offset {result.offset_ms:+.0f} ms, correlation {result.correlation:.2f}")
     assert result.correlation >= 0.5
     assert abs(result.offset_ms) <= 40

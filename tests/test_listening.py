@@ -9,12 +9,10 @@ import numpy as np
 import pytest
 
 from benchmarks.analysis import (
-    av_offset,
     fell_silent_at,
     first_loud_after,
+    lip_sync,
     loud_frames,
-    mouth_motion,
-    stream_times,
     voiced_span,
 )
 from benchmarks.clip import speech_pcm
@@ -87,9 +85,7 @@ async def test_spoken_question_is_heard_and_answered(live_server: LiveServer, wh
     assert len([w for w in expected if w not in heard]) <= 1, heard
     box = live_server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
     assert box is not None
-    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
-    at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)
-    sync = av_offset(vt, mouth_motion([v for _, _, v in video], box), at, pcm)
+    sync = lip_sync(video, audio, box, video_sent_late_s=live_server.video_sent_late_s)
     assert sync.correlation >= 0.5 and abs(sync.offset_ms) <= 40, sync
 
 

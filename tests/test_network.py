@@ -48,9 +48,9 @@ from aiortc.mediastreams import MediaStreamTrack
 from benchmarks.analysis import (
     beep_onsets,
     flash_onsets,
+    frame_times,
     loud_frames,
     paired_offsets_ms,
-    stream_times,
 )
 from benchmarks.client import CallClient
 from benchmarks.sync import OPUS_DECODER_DELAY_S, sync_test_factory
@@ -420,8 +420,8 @@ class NetCall:
         assert video and audio, f"{len(video)} video and {len(audio)} audio frames arrived"
         video.sort(key=lambda f: f[1])
         audio.sort(key=lambda f: f[1])
-        vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], VIDEO_CLOCK)
-        at = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], AUDIO_CLOCK)
+        vt = frame_times(video, VIDEO_CLOCK, self.server.video_sent_late_s)
+        at = frame_times(audio, AUDIO_CLOCK)
         vpts = np.asarray([t for _, t, _ in video])
         apts = np.asarray([t for _, t, _ in audio])
         flashes = flash_onsets(vt, [img for _, _, img in video])

@@ -127,7 +127,7 @@ def _answered(
     # And the mouth follows it.
     box = server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
     assert box is not None
-    result = lip_sync(asked.video, asked.audio, box)
+    result = lip_sync(asked.video, asked.audio, box, video_sent_late_s=server.video_sent_late_s)
     print(f"lip-sync: offset {result.offset_ms:+.0f} ms, correlation {result.correlation:.2f}")
     assert result.correlation >= 0.5
     assert abs(result.offset_ms) <= 40

@@ -151,7 +151,7 @@ async def _call(server: LiveServer, name: str, client: CallClient) -> CallFigure
         await client.close()
     box = server.manager.engine_factory.mouth_box  # type: ignore[union-attr]
     assert box is not None
-    sync = lip_sync(video, audio, box)
+    sync = lip_sync(video, audio, box, video_sent_late_s=server.video_sent_late_s)
     first_sound = first_loud_after(audio, said_at)
     assert first_sound is not None, f"{name}: no reply audio arrived"
     pcm = pcm_by_rtp_time(audio)

@@ -83,8 +83,12 @@ class SlowEncoder(TunedH264Encoder):
 
 async def _lateness_ms(engine_factory: EngineFactory, cache_dir: Path, lead: float) -> list[float]:
     """How long after its media instant each video frame of a call arrived (ms), by the
-    sender's reports (which map RTP time to the call's clock) and arrival on loopback."""
-    server, runner = await start_server(engine_factory, cache_dir, video_lead_s=lead)
+    sender's reports (which map RTP time to the call's clock) and arrival on loopback. The
+    frames are due at their instants (no ``video_send_delay_s``, whose 25 ms would hide the
+    encode the lead is for)."""
+    server, runner = await start_server(
+        engine_factory, cache_dir, video_lead_s=lead, video_send_delay_s=0.0
+    )
     client = CallClient(server.url, record_video=False, decode_video=False)
     try:
         await client.connect()

@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from benchmarks.analysis import stream_times
+from benchmarks.analysis import frame_times
 from benchmarks.client import CallClient
 from musetalk_core import landmarks as lm
 from musetalk_core.warp_avatar import builtin_portrait, load_portrait
@@ -106,8 +106,8 @@ async def test_received_lips_close_for_bilabials_and_open_for_open_vowels(
         pcm[pts - first_pts : pts - first_pts + len(frame)] = frame
     loud = int(np.flatnonzero(np.abs(reference.astype(np.int32)) > 328)[0])
     lag = _where(pcm, reference[loud:]) - loud  # the received sample of reference sample 0
-    audio_t0 = stream_times([a for a, _, _ in audio], [t for _, t, _ in audio], 48_000)[0]
-    vt = stream_times([a for a, _, _ in video], [t for _, t, _ in video], 90_000)
+    audio_t0 = frame_times(audio, 48_000)[0]
+    vt = frame_times(video, 90_000, live_server.video_sent_late_s)
 
     def frame_at(ref_seconds: float, shift_ms: int) -> int:
         t = audio_t0 + lag / 48_000 + ref_seconds + shift_ms / 1000
