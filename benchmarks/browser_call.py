@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client import generate_latest
 
 from benchmarks.browser import (
     call_stats,
@@ -31,7 +32,9 @@ from benchmarks.browser import (
     with_test_hooks,
 )
 from benchmarks.call import SAYS, _server, video_sent_late_s
+from benchmarks.load import delay_summary, server_delay_buckets
 from benchmarks.report import progress, summary
+from rtc_server.app import MANAGER
 
 FIRST_FRAME_JS = """
 () => {
@@ -189,6 +192,7 @@ async def _measure_first_seconds(
             mode = servers[n % len(running)]
             url, runner, _ = running[n % len(running)]
             late_ms = video_sent_late_s(runner) * 1000
+            sent_before = _send_delays(runner)
             with tempfile.TemporaryDirectory() as profile:
                 async with chromium_page(Path(profile), bypass_csp=True) as page:
                     await page.goto(with_test_hooks(f"{url}/"))
@@ -213,11 +217,26 @@ async def _measure_first_seconds(
                     "wire_offset_ms": -w.wire_ms - late_ms,
                     "correlation": w.estimate.peak,
                     "frames": w.estimate.frames,
+                    # Chromium's buffering in the window: the audio jitter buffer (mean) and
+                    # the video's arrival -> display (median).
+                    "audio_buffer_ms": w.audio_buffer_ms,
+                    "video_display_ms": w.video_display_ms,
                 }
                 for i, w in enumerate(report.segments)
             ]
+            sent_after = _send_delays(runner)
             per_call.append(
-                {"server": mode, "first_frame_ms": playing - clicked, "seconds": offsets}
+                {
+                    "server": mode,
+                    "first_frame_ms": playing - clicked,
+                    "seconds": offsets,
+                    # How late past when they were due the server sent this call's frames:
+                    # how many, and the bucket bounds (ms) their p50 and p99 fell under.
+                    "server_send_delay_ms": {
+                        kind: delay_summary(sent_before[kind], sent_after[kind])
+                        for kind in ("audio", "video")
+                    },
+                }
             )
             shown = " ".join(f"{o['offset_ms']:+.0f}" for o in offsets)
             progress(f"call {n + 1} ({mode}): {shown} ms")
@@ -226,6 +245,13 @@ async def _measure_first_seconds(
             await runner.cleanup()
     f = {"calls": calls, "seconds": seconds, "servers": list(servers), "per_call": per_call}
     return {**f, "summary": first_seconds_summary(f)}
+
+
+def _send_delays(runner: Any) -> dict[str, dict[float, float] | None]:
+    """The in-process server's ``avatar_rtc_frame_send_delay_seconds`` by kind, as bench load
+    reads it from a server's /metrics."""
+    text = generate_latest(runner.app[MANAGER].metrics.registry).decode()
+    return {kind: server_delay_buckets(text, kind) for kind in ("audio", "video")}
 
 
 def _flashes(probe: Any, start_ms: float, seconds: int) -> list[float]:
