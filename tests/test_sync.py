@@ -145,6 +145,10 @@ def test_bench_sync_measures_the_first_seconds_of_fresh_chromium_calls(tmp_path:
         assert len(call["seconds"]) >= 3, call
         assert all(o["correlation"] > 0.5 for o in call["seconds"]), call
         assert all(abs(o["offset_ms"]) < 200 for o in call["seconds"]), call
+        # Chromium's buffering in each window, and the server's lateness over the call.
+        assert all(o["audio_buffer_ms"] > 0 for o in call["seconds"]), call
+        sent = call["server_send_delay_ms"]
+        assert sent["audio"]["frames"] > 100 and sent["video"]["frames"] > 50, sent
     assert [(s["server"], s["calls"]) for s in r["summary"]] == [
         ("default", 1),
         ("audio with the video", 1),
