@@ -28,7 +28,7 @@ from rtc_server.cpu_priority import kernels_on_calling_thread
 from rtc_server.embed import add_embed_route
 from rtc_server.end_of_turn import EndOfTurnParams, load_end_of_turn
 from rtc_server.engine_factory import EngineFactory, load_engine_factory
-from rtc_server.headroom import Headroom, HeadroomSettings
+from rtc_server.headroom import Headroom, HeadroomSettings, MachineCpu
 from rtc_server.ice import IceServers, announce_address
 from rtc_server.internal_site import add_internal_routes
 from rtc_server.media import libopus
@@ -97,9 +97,11 @@ class SessionManager:
         self.draining = False
         """Set on SIGTERM: no new calls, running ones go on until the drain timeout."""
         self.headroom = Headroom(
-            HeadroomSettings(cpu_limit=config.server.cpu_limit or Headroom.default_cpu_limit())
+            HeadroomSettings(cpu_limit=config.server.cpu_limit or Headroom.default_cpu_limit()),
+            MachineCpu(),
         )
-        """What this process measures of its own load; refuses calls it has no room for."""
+        """What this process measures of its own load and the machine's; refuses calls it has
+        no room for (a worker's judges its own calls only: workers/child.py)."""
         self._ended_speech = (0, 0, 0)
         """Speech instants presented and held by calls that have ended."""
         self._pending = 0

@@ -10,7 +10,9 @@ is refused with ``503 at_capacity`` and ``Retry-After`` when
 - the CPU it uses plus what one more call is measured to cost would pass ``cpu_limit`` cores, or
 - its calls and the new one, all speaking at once, would pass ``cpu_limit`` cores (a call that
   listens now costs a fifth of one that speaks; admitting by the CPU of listening calls took
-  fourteen on two cores, which fell behind real time as soon as their avatars spoke), or
+  fourteen on two cores, which fell behind real time as soon as their avatars spoke); a
+  process alone on its machine counts with them what the rest of the machine uses now (the
+  machine's busy cores less its own: other programs take cores its calls would need), or
 - the lip-sync engine, where the calls share one (MuseTalk batching every call on a GPU), is
   not keeping up (the share of speech instants whose frame was not ready, over the window,
   above ``held_limit``).
@@ -22,6 +24,12 @@ from the windows where the avatars spoke (the share of the calls' video instants
 speech says how many calls spoke): the CPU above the idle baseline less what the listening
 calls are measured to cost (nothing while unmeasured, which overstates it), divided by the
 speaking calls; ``prior_speaking_call_cpu`` until then.
+
+With ``--workers N`` each worker judges its own calls against its share of the cores, and sees
+neither the other workers nor the rest of the machine (the front, other programs). The front
+therefore also judges the machine (:func:`machine_refusal`): every worker's calls and the new
+one all speaking, plus what everything else on the machine uses now (its busy cores from
+``/proc/stat`` less what the workers use), against the workers' limits together.
 """
 
 from __future__ import annotations
@@ -30,13 +38,14 @@ import asyncio
 import collections
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from rtc_server.cpu_priority import cores
 
-__all__ = ["Headroom", "HeadroomSettings", "Refusal"]
+__all__ = ["Headroom", "HeadroomSettings", "MachineCpu", "Refusal", "WorkerLoad", "machine_refusal"]
 
 SPEAKING_CALLS_TO_LEARN = 0.5
 """Calls speaking on average over a window (their share of instants times the calls) from which
@@ -71,8 +80,12 @@ class Refusal:
 class Headroom:
     """Samples this process's loop lag and CPU; answers whether one more call fits."""
 
-    def __init__(self, settings: HeadroomSettings) -> None:
+    def __init__(self, settings: HeadroomSettings, machine: MachineCpu | None = None) -> None:
+        """``machine``: the machine's CPU, whose use by other processes the all-speaking
+        judgement counts (None: this process judges its own calls only, as a worker does,
+        whose front judges the machine)."""
         self.settings = settings
+        self.machine = machine
         samples = max(1, round(settings.window_s / settings.interval_s))
         self._lags: collections.deque[float] = collections.deque(maxlen=samples)
         self._cpu: collections.deque[tuple[float, float, int]] = collections.deque()
@@ -119,6 +132,8 @@ class Headroom:
             await asyncio.sleep(interval)
             self._lags.append(max(0.0, time.monotonic() - before - interval))
             self._sample_cpu()
+            if self.machine is not None:
+                self.machine.sample()
             if self._speech_totals is not None:
                 self.note_speech(*self._speech_totals())
 
@@ -227,14 +242,27 @@ class Headroom:
                 f"{self.call_cpu:.2f}, the limit is {s.cpu_limit:.2f}",
                 10,
             )
-        all_speaking = (self._idle_cpu or 0.0) + (self.calls + 1) * self.speaking_call_cpu
-        if all_speaking > s.cpu_limit:
+        all_speaking = self.all_speaking_cpu(self.calls + 1)
+        others = self.others_cpu
+        if others + all_speaking > s.cpu_limit:
             return Refusal(
                 f"{self.calls + 1} calls speaking at once would need about {all_speaking:.2f} "
-                f"cores ({self.speaking_call_cpu:.2f} a call), the limit is {s.cpu_limit:.2f}",
+                f"cores ({self.speaking_call_cpu:.2f} a call) and the rest of the machine uses "
+                f"{others:.2f}; the limit is {s.cpu_limit:.2f}",
                 10,
             )
         return None
+
+    @property
+    def others_cpu(self) -> float:
+        """Cores the rest of the machine used over the window (0 without a machine to read)."""
+        busy = None if self.machine is None else self.machine.busy_cores
+        return 0.0 if busy is None else max(0.0, busy - self.cpu_cores)
+
+    def all_speaking_cpu(self, calls: int) -> float:
+        """Cores this process would use with ``calls`` calls all speaking: its idle baseline
+        (0 until measured: the calls are then charged with it) and a speaking call's cost each."""
+        return (self._idle_cpu or 0.0) + calls * self.speaking_call_cpu
 
     def snapshot(self) -> dict[str, float | int | None]:
         return {
@@ -249,8 +277,90 @@ class Headroom:
             "speaking_call_cpu_measured": self._speaking_call_cpu is not None,
             "idle_cpu": None if self._idle_cpu is None else round(self._idle_cpu, 3),
             "held_share": round(self.held_share, 3),
+            "others_cpu": None if self.machine is None else round(self.others_cpu, 3),
         }
 
 
 def _smooth(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """A worker's figures as the front sees them."""
+
+    calls: int
+    """Calls it holds, and offers forwarded to it and not answered yet."""
+    cpu_cores: float
+    """Cores it used over its window."""
+    idle_cpu: float
+    """Cores it uses with no call (0 until measured)."""
+    speaking_call_cpu: float
+    """Cores one of its calls costs while the avatar speaks (its prior until measured)."""
+    cpu_limit: float
+    """Cores it may use (its share of the machine)."""
+
+
+def machine_refusal(workers: list[WorkerLoad], busy_cores: float | None) -> Refusal | None:
+    """Why one more call would not fit on the machine, or None: every worker's calls and the
+    new one all speaking, plus what the rest of the machine uses now (``busy_cores``, the
+    machine's, less the workers'; None where it cannot be read: the rest counts nothing),
+    against the workers' limits together. The first call is always taken."""
+    calls = sum(w.calls for w in workers)
+    if calls == 0 or not workers:
+        return None
+    used = sum(w.cpu_cores for w in workers)
+    others = 0.0 if busy_cores is None else max(0.0, busy_cores - used)
+    speaking = sum(w.idle_cpu + w.calls * w.speaking_call_cpu for w in workers)
+    need = others + speaking + max(w.speaking_call_cpu for w in workers)
+    limit = sum(w.cpu_limit for w in workers)
+    if need <= limit:
+        return None
+    return Refusal(
+        f"{calls + 1} calls speaking at once would need about {need - others:.2f} cores and "
+        f"the rest of the machine uses {others:.2f}; the workers' limit is {limit:.2f}",
+        10,
+    )
+
+
+class MachineCpu:
+    """The machine's busy cores over a window, from ``/proc/stat`` (Linux; elsewhere None)."""
+
+    def __init__(self, window_s: float = 5.0, path: str = "/proc/stat") -> None:
+        self.window_s = window_s
+        self.path = path
+        self._samples: collections.deque[tuple[float, float]] = collections.deque()
+        """(monotonic time, busy CPU seconds of all cores) over the window."""
+
+    def sample(self) -> None:
+        busy = _busy_seconds(self.path)
+        if busy is None:
+            return
+        now = time.monotonic()
+        self._samples.append((now, busy))
+        while self._samples and now - self._samples[0][0] > self.window_s:
+            self._samples.popleft()
+
+    @property
+    def busy_cores(self) -> float | None:
+        if len(self._samples) < 2:
+            return None
+        (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else None
+
+
+def _busy_seconds(path: str) -> float | None:
+    """CPU seconds all cores spent busy since boot: the ``cpu`` line of ``/proc/stat`` less
+    idle and iowait (guest time is counted in user time already)."""
+    try:
+        with open(path) as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / _CLOCK_TICKS
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

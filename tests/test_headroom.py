@@ -11,7 +11,13 @@ import pytest
 from benchmarks.client import CallClient, make_offer
 from rtc_server import headroom as headroom_module
 from rtc_server.engine_factory import EngineFactory
-from rtc_server.headroom import Headroom, HeadroomSettings
+from rtc_server.headroom import (
+    Headroom,
+    HeadroomSettings,
+    MachineCpu,
+    WorkerLoad,
+    machine_refusal,
+)
 from tests.conftest import start_server
 
 
@@ -112,6 +118,99 @@ def test_calls_that_came_before_an_idle_window_are_charged_with_the_baseline(
     assert snapshot["idle_cpu"] is None and snapshot["speaking_call_cpu_measured"]
     assert room.speaking_call_cpu == pytest.approx(0.3, abs=0.01)
     assert room.call_cpu == pytest.approx(0.3, abs=0.01)
+
+
+def _stat(path: Path, user: int, system: int, idle: int, iowait: int = 0) -> None:
+    """A /proc/stat whose all-cores line has these tick counts (and other lines after it)."""
+    path.write_text(
+        f"cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 1\n"
+    )
+
+
+def test_the_machines_busy_cores_are_read_from_proc_stat(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+
+    clock = FakeTime()
+    monkeypatch.setattr(headroom_module, "time", clock)
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    machine = MachineCpu(window_s=5.0, path=str(stat))
+    _stat(stat, 1000, 500, 9000, 100)
+    machine.sample()
+    assert machine.busy_cores is None, "one sample is no rate"
+    clock.now += 2.0
+    # Over 2 s: 3 s of user and system time on all cores together, idle and iowait aside.
+    _stat(stat, 1000 + 2 * tick, 500 + tick, 9000 + tick, 100 + tick // 2)
+    machine.sample()
+    assert machine.busy_cores == pytest.approx(1.5)
+    # Where it cannot be read (not Linux), it says nothing rather than a guess.
+    gone = MachineCpu(path=str(tmp_path / "missing"))
+    gone.sample()
+    gone.sample()
+    assert gone.busy_cores is None
+    # The real one reads on this machine.
+    real = MachineCpu()
+    real.sample()
+    clock.now += 1.0
+    real.sample()
+    assert real.busy_cores is not None and real.busy_cores >= 0.0
+
+
+class FixedMachine(MachineCpu):
+    def __init__(self, busy: float) -> None:
+        super().__init__()
+        self.busy = busy
+
+    @property
+    def busy_cores(self) -> float | None:
+        return self.busy
+
+
+def test_a_process_alone_counts_what_the_rest_of_the_machine_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(headroom_module, "time", clock)
+    settings = HeadroomSettings(cpu_limit=1.8, prior_speaking_call_cpu=0.25)
+    machine = FixedMachine(0.3)
+    room = Headroom(settings, machine)
+    clock.run(6, 0.05, room)  # idle
+    room.calls = 3
+    clock.run(6, 0.2, room)
+    # 0.05 + 4 x 0.25 = 1.05 for four calls speaking, and the rest of the machine 0.1 core.
+    assert room.others_cpu == pytest.approx(0.1, abs=0.01)
+    assert room.refusal() is None
+    machine.busy = 1.2  # another program takes a core: 1.05 + 1.0 > 1.8
+    refusal = room.refusal()
+    assert refusal is not None and "rest of the machine uses 1.00" in refusal.reason, refusal
+    assert room.snapshot()["others_cpu"] == pytest.approx(1.0, abs=0.01)
+    # A worker judges its own calls only (its front judges the machine).
+    worker = Headroom(settings)
+    clock.run(6, 0.05, worker)
+    worker.calls = 3
+    clock.run(6, 0.2, worker)
+    assert worker.refusal() is None and worker.snapshot()["others_cpu"] is None
+
+
+def test_the_front_refuses_a_call_the_machine_has_no_room_for() -> None:
+    def worker(calls: int, cpu: float) -> WorkerLoad:
+        return WorkerLoad(calls, cpu, idle_cpu=0.05, speaking_call_cpu=0.21, cpu_limit=0.9)
+
+    assert machine_refusal([worker(0, 0.05), worker(0, 0.05)], 1.5) is None, "the first call"
+    # Four calls on one worker, three on the other, which by its own judgement takes a
+    # fourth (0.05 + 4 x 0.21 = 0.89 <= 0.9).
+    calls = [worker(4, 0.5), worker(3, 0.4)]
+    # All speaking, with the new one: 0.1 + 7 x 0.21 + 0.21 = 1.78 of the 1.8 the workers
+    # may use together: it fits while nothing else runs ...
+    assert machine_refusal(calls, 0.9) is None
+    # ... and not when the rest of the machine (callers, another program) uses 0.3 core.
+    refusal = machine_refusal(calls, 1.2)
+    assert refusal is not None and "8 calls speaking at once" in refusal.reason, refusal
+    assert "the rest of the machine uses 0.30" in refusal.reason and refusal.retry_after_s > 0
+    # Unknown machine use (not Linux): the workers' own needs still count.
+    assert machine_refusal([worker(4, 0.5), worker(4, 0.5)], None) is not None
 
 
 def test_a_shared_engine_that_does_not_keep_up_closes_admission() -> None:

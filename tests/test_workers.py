@@ -50,7 +50,10 @@ def _free_port() -> int:
 
 
 async def _spawn_front(
-    log_path: Path, *args: str, tls: ssl.SSLContext | None = None
+    log_path: Path,
+    *args: str,
+    tls: ssl.SSLContext | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[str, asyncio.subprocess.Process]:
     port = _free_port()
     with log_path.open("wb") as log:
@@ -69,6 +72,7 @@ async def _spawn_front(
             cwd=ROOT,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=log,
+            env=None if env is None else {**os.environ, **env},
         )
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     try:
@@ -541,6 +545,42 @@ async def test_metrics_and_readiness_details_on_a_listener_of_their_own(
     finally:
         await _stop(process)
     assert process.returncode == 0
+
+
+@pytest.mark.timeout(300)
+async def test_the_front_refuses_a_call_the_machine_has_no_room_for(tmp_path: Path) -> None:
+    """Each worker judges its own calls only: with one call on the first, the second (no call)
+    would take the next. The front judges the machine: the first worker's call and the new
+    one, both speaking, do not fit the workers' limits together (0.01 core each here)."""
+    log = tmp_path / "front.log"
+    url, process = await _spawn_front(
+        log, "--cpu-limit", "0.01", env={"AVATAR_RTC_NO_HEADROOM": "0"}
+    )
+    first = None
+    try:
+        first = await _connect(url)
+        await _placed(url, 1)
+        async with aiohttp.ClientSession() as http:
+            offer = {"sdp": await make_offer(), "type": "offer"}
+            async with http.post(url + "/offer", json=offer) as resp:
+                body = await resp.json()
+                assert resp.status == 503, body
+                assert body["error"]["code"] == "at_capacity"
+                assert "on this machine" in body["error"]["message"], body
+                assert "2 calls speaking at once" in body["error"]["message"], body
+                assert int(resp.headers["Retry-After"]) > 0
+        assert (await _metric(url, "avatar_rtc_machine_refusals_total")) == {"": 1.0}
+        status, ready, _ = await _get(url + "/readyz")
+        machine = ready["machine"]
+        assert status == 200 and machine["cpu_limit"] == 0.02, ready
+        assert machine["busy_cores"] is not None and machine["all_speaking_cpu"] > 0, ready
+        assert [w["sessions"] for w in ready["workers"]] in ([1, 0], [0, 1]), ready
+        # The running call goes on.
+        assert await _packets_in(first) >= MOVING
+    finally:
+        if first is not None:
+            await first.close()
+        await _stop(process)
 
 
 async def test_a_bad_portrait_stops_start_up_before_serving(tmp_path: Path) -> None:

@@ -58,6 +58,9 @@ def add_worker_parts(
     from rtc_server.app import LOADING, MANAGER
 
     app.middlewares.insert(0, forwarded_middleware)
+    # Its calls against its share of the cores; the front judges the machine, whose other
+    # processes include the other workers.
+    app[MANAGER].headroom.machine = None
 
     async def status(request: web.Request) -> web.Response:
         given = request.headers.get(STATUS_SECRET, "").encode("utf-8", "surrogatepass")
@@ -76,6 +79,11 @@ def add_worker_parts(
                 "draining": manager.draining,
                 "load_error": error,
                 "sessions": list(manager.sessions),
+                # For the front's judgement of the machine (headroom.machine_refusal).
+                "cpu_cores": manager.headroom.cpu_cores,
+                "idle_cpu": manager.headroom.all_speaking_cpu(0),
+                "speaking_call_cpu": manager.headroom.speaking_call_cpu,
+                "cpu_limit": manager.headroom.settings.cpu_limit,
             }
         )
 

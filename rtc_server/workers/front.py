@@ -116,11 +116,22 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
             for w, s in zip(pool.workers, statuses, strict=True)
             if s is not None
         ]
+        loads = pool.worker_loads()
+        busy = pool.machine.busy_cores
         return web.json_response(
             {
                 "status": "ready",
                 "sessions": sum(int(w["sessions"]) for w in workers),
                 "workers": workers,
+                # What the front judges the machine by (headroom.machine_refusal).
+                "machine": {
+                    "busy_cores": None if busy is None else round(busy, 3),
+                    "workers_cpu_cores": round(sum(w.cpu_cores for w in loads), 3),
+                    "all_speaking_cpu": round(
+                        sum(w.idle_cpu + w.calls * w.speaking_call_cpu for w in loads), 3
+                    ),
+                    "cpu_limit": round(sum(w.cpu_limit for w in loads), 3),
+                },
             }
         )
 
@@ -154,6 +165,15 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
                 "at_capacity",
                 f"the server is at its limit of {config.server.max_sessions} calls",
                 headers={"Retry-After": "5"},
+            )
+        refusal = pool.machine_refusal() if config.server.headroom else None
+        if refusal is not None:
+            pool.metrics.machine_refusals.inc()
+            raise SignalingError(
+                503,
+                "at_capacity",
+                f"no room for another call on this machine: {refusal.reason}",
+                headers={"Retry-After": str(refusal.retry_after_s)},
             )
         body = await read_body(request)
         with await admit(request, None if grant is None else grant.id) as reservation:

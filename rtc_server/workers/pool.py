@@ -29,7 +29,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rtc_server.config import ServerConfig
-from rtc_server.headroom import Headroom
+from rtc_server.headroom import Headroom, MachineCpu, Refusal, WorkerLoad, machine_refusal
 from rtc_server.workers.engines import EngineProcesses, engine_devices
 from rtc_server.workers.protocol import STATUS_PATH, STATUS_SECRET, WorkerSpec
 
@@ -55,6 +55,11 @@ class Status:
     draining: bool
     load_error: str | None
     sessions: list[str]
+    cpu_cores: float = 0.0
+    """Cores it used over its headroom window."""
+    idle_cpu: float = 0.0
+    speaking_call_cpu: float = 0.0
+    cpu_limit: float = 0.0
 
 
 @dataclass
@@ -125,6 +130,12 @@ class FrontMetrics:
             f"Workers killed for answering no status poll for {HUNG_AFTER_S:.0f} s.",
             registry=self.registry,
         )
+        self.machine_refusals = Counter(
+            "avatar_rtc_machine_refusals",
+            "Calls the front refused (503 at_capacity) for want of room on the machine: every "
+            "worker's calls and the new one speaking, with what else the machine runs.",
+            registry=self.registry,
+        )
 
 
 class WorkerPool:
@@ -143,6 +154,8 @@ class WorkerPool:
         self.draining = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = 0
+        self.machine = MachineCpu()
+        """The machine's busy cores, sampled at each status poll."""
         devices = engine_devices(config) if count > 1 else []
         self.engines = (
             EngineProcesses(
@@ -275,6 +288,7 @@ class WorkerPool:
     async def _poll(self) -> None:
         while True:
             await asyncio.gather(*(self.refresh(w) for w in self.workers if w.alive))
+            self.machine.sample()
             self.metrics.workers.set(sum(w.alive for w in self.workers))
             self.metrics.workers_ready.set(sum(w.ready for w in self.workers))
             await asyncio.sleep(POLL_S)
@@ -333,6 +347,10 @@ class WorkerPool:
                 bool(data["draining"]),
                 data["load_error"],
                 [str(s) for s in data["sessions"]],
+                float(data["cpu_cores"]),
+                float(data["idle_cpu"]),
+                float(data["speaking_call_cpu"]),
+                float(data["cpu_limit"]),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -393,6 +411,19 @@ class WorkerPool:
 
     def total_load(self) -> int:
         return sum(w.load for w in self.workers)
+
+    def worker_loads(self) -> list[WorkerLoad]:
+        """The figures of the workers that answered a status, calls as the front counts them
+        (its own count is ahead of their last status: a call it just forwarded counts)."""
+        return [
+            WorkerLoad(w.load, s.cpu_cores, s.idle_cpu, s.speaking_call_cpu, s.cpu_limit or 0.0)
+            for w in self.workers
+            if (s := w.status) is not None and w.alive
+        ]
+
+    def machine_refusal(self) -> Refusal | None:
+        """Whether the machine has no room for one more call (``headroom.machine_refusal``)."""
+        return machine_refusal(self.worker_loads(), self.machine.busy_cores)
 
     # -- stopping
 
