@@ -324,16 +324,27 @@ def machine_refusal(workers: list[WorkerLoad], busy_cores: float | None) -> Refu
 
 
 class MachineCpu:
-    """The machine's busy cores over a window, from ``/proc/stat`` (Linux; elsewhere None)."""
+    """The busy cores, over a window, of the CPUs this process may run on (its CPU set: in a
+    container, the container's), from ``/proc/stat``. None where that cannot be read (not
+    Linux), and where a CPU quota caps this process's cgroup below its CPUs (``cpu.max``): the
+    other tenants of those CPUs then do not take from what the quota grants."""
 
-    def __init__(self, window_s: float = 5.0, path: str = "/proc/stat") -> None:
+    def __init__(
+        self,
+        window_s: float = 5.0,
+        path: str = "/proc/stat",
+        cpus: set[int] | None = None,
+        quota_path: str = "/sys/fs/cgroup/cpu.max",
+    ) -> None:
         self.window_s = window_s
         self.path = path
+        self.cpus = _affinity() if cpus is None else cpus
+        self.capped = _cpu_quota_set(quota_path)
         self._samples: collections.deque[tuple[float, float]] = collections.deque()
         """(monotonic time, busy CPU seconds of all cores) over the window."""
 
     def sample(self) -> None:
-        busy = _busy_seconds(self.path)
+        busy = None if self.capped else _busy_seconds(self.path, self.cpus)
         if busy is None:
             return
         now = time.monotonic()
@@ -349,18 +360,41 @@ class MachineCpu:
         return (b1 - b0) / (t1 - t0) if t1 > t0 else None
 
 
-def _busy_seconds(path: str) -> float | None:
-    """CPU seconds all cores spent busy since boot: the ``cpu`` line of ``/proc/stat`` less
-    idle and iowait (guest time is counted in user time already)."""
+def _busy_seconds(path: str, cpus: set[int]) -> float | None:
+    """CPU seconds ``cpus`` spent busy since boot: their ``cpuN`` lines of ``/proc/stat`` less
+    idle and iowait (guest time is counted in user time already); None without any of them."""
     try:
         with open(path) as stat:
-            fields = stat.readline().split()
+            lines = stat.read().splitlines()
     except OSError:
         return None
-    if len(fields) < 9 or fields[0] != "cpu":
-        return None
-    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    return (sum(ticks) - ticks[3] - ticks[4]) / _CLOCK_TICKS
+    busy, found = 0, False
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 9 or not fields[0].startswith("cpu") or not fields[0][3:].isdigit():
+            continue
+        if int(fields[0][3:]) not in cpus:
+            continue
+        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        busy += sum(ticks) - ticks[3] - ticks[4]
+        found = True
+    return busy / _CLOCK_TICKS if found else None
+
+
+def _affinity() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def _cpu_quota_set(path: str) -> bool:
+    """Does cgroup v2 cap this process's CPU time (``cpu.max`` other than ``max ...``)?"""
+    try:
+        with open(path) as f:
+            return f.read().split()[0] != "max"
+    except (OSError, IndexError):
+        return False
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -121,9 +121,12 @@ def test_calls_that_came_before_an_idle_window_are_charged_with_the_baseline(
 
 
 def _stat(path: Path, user: int, system: int, idle: int, iowait: int = 0) -> None:
-    """A /proc/stat whose all-cores line has these tick counts (and other lines after it)."""
+    """A /proc/stat whose cpu0 and cpu2 lines have these tick counts each; cpu1 (a CPU this
+    process may not run on) is all busy, and the all-cores line says so."""
+    mine = f"{user} 0 {system} {idle} {iowait} 0 0 0 0 0"
     path.write_text(
-        f"cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 1\n"
+        f"cpu  {2 * user + 99999} 0 {2 * system} {2 * idle} {2 * iowait} 0 0 0 0 0\n"
+        f"cpu0 {mine}\ncpu1 99999 0 0 0 0 0 0 0 0 0\ncpu2 {mine}\nintr 1 2 3\n"
     )
 
 
@@ -136,15 +139,27 @@ def test_the_machines_busy_cores_are_read_from_proc_stat(
     monkeypatch.setattr(headroom_module, "time", clock)
     tick = os.sysconf("SC_CLK_TCK")
     stat = tmp_path / "stat"
-    machine = MachineCpu(window_s=5.0, path=str(stat))
+    no_quota = str(tmp_path / "cpu.max")
+    machine = MachineCpu(window_s=10.0, path=str(stat), cpus={0, 2}, quota_path=no_quota)
     _stat(stat, 1000, 500, 9000, 100)
     machine.sample()
     assert machine.busy_cores is None, "one sample is no rate"
-    clock.now += 2.0
-    # Over 2 s: 3 s of user and system time on all cores together, idle and iowait aside.
+    clock.now += 5.0
+    # Over 5 s, on each of the two CPUs it may run on: 3 s of user and system time, idle and
+    # iowait aside (cpu1's are not counted: another container's, say).
     _stat(stat, 1000 + 2 * tick, 500 + tick, 9000 + tick, 100 + tick // 2)
     machine.sample()
-    assert machine.busy_cores == pytest.approx(1.5)
+    assert machine.busy_cores == pytest.approx(6.0 / 5.0)
+    # Under a CPU quota the CPUs' other tenants do not take from what the quota grants.
+    quota = tmp_path / "quota.max"
+    quota.write_text("150000 100000\n")
+    capped = MachineCpu(path=str(stat), cpus={0, 2}, quota_path=str(quota))
+    capped.sample()
+    clock.now += 1.0
+    capped.sample()
+    assert capped.capped and capped.busy_cores is None
+    quota.write_text("max 100000\n")
+    assert not MachineCpu(path=str(stat), quota_path=str(quota)).capped
     # Where it cannot be read (not Linux), it says nothing rather than a guess.
     gone = MachineCpu(path=str(tmp_path / "missing"))
     gone.sample()
