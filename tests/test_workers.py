@@ -575,6 +575,7 @@ async def test_the_front_refuses_a_call_the_machine_has_no_room_for(tmp_path: Pa
         assert status == 200 and machine["cpu_limit"] == 0.02, ready
         assert machine["busy_cores"] is not None and machine["all_speaking_cpu"] > 0, ready
         assert [w["sessions"] for w in ready["workers"]] in ([1, 0], [0, 1]), ready
+        assert all(w["cpu_limit"] == 0.01 and w["speaking_call_cpu"] > 0 for w in ready["workers"])
         # The running call goes on.
         assert await _packets_in(first) >= MOVING
     finally:

@@ -112,6 +112,10 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
                 "pid": s.pid,
                 "sessions": len(s.sessions),
                 "rss_mb": round(w.rss_mb() or 0.0),
+                "cpu_cores": round(s.cpu_cores, 3),
+                "idle_cpu": round(s.idle_cpu, 3),
+                "speaking_call_cpu": round(s.speaking_call_cpu, 3),
+                "cpu_limit": round(s.cpu_limit, 3),
             }
             for w, s in zip(pool.workers, statuses, strict=True)
             if s is not None
