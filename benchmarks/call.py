@@ -54,9 +54,11 @@ def video_sent_late_s(runner: web.AppRunner) -> float:
 async def _measure(says: int, url: str | None) -> dict[str, Any]:
     runner = None
     mouth_box = None
+    late = 0.0
     if url is None:
         url, runner, factory = await _server()
         mouth_box = factory.mouth_box
+        late = video_sent_late_s(runner)
     client = CallClient(url)
     offsets: list[dict[str, float]] = []
     speaking: list[list[float]] = []
@@ -80,7 +82,6 @@ async def _measure(says: int, url: str | None) -> dict[str, Any]:
             audio = client.received.audio[a0:]
             speaking.append([a for a, _, _ in video])
             if mouth_box is not None:
-                late = video_sent_late_s(runner)  # type: ignore[arg-type]
                 result = lip_sync(video, audio, mouth_box, video_sent_late_s=late)
                 offsets.append({"offset_ms": result.offset_ms, "correlation": result.correlation})
     finally:

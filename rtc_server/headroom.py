@@ -153,7 +153,7 @@ class Headroom:
             return
         # A process whose first call came before it had idled a window has no baseline: its
         # calls are charged with it (an overstatement, on the safe side) until it has one.
-        above_idle = max(0.0, cores - (self._idle_cpu or 0.0))
+        above_idle = max(0.0, cores - self.idle_cpu)
         self._call_cpu = _smooth(self._call_cpu, above_idle / calls0)
         share = self.speaking_share
         if share is None:
@@ -259,10 +259,16 @@ class Headroom:
         busy = None if self.machine is None else self.machine.busy_cores
         return 0.0 if busy is None else max(0.0, busy - self.cpu_cores)
 
+    @property
+    def idle_cpu(self) -> float:
+        """Cores this process uses with no call (0 until measured: calls are then charged
+        with it)."""
+        return self._idle_cpu or 0.0
+
     def all_speaking_cpu(self, calls: int) -> float:
         """Cores this process would use with ``calls`` calls all speaking: its idle baseline
-        (0 until measured: the calls are then charged with it) and a speaking call's cost each."""
-        return (self._idle_cpu or 0.0) + calls * self.speaking_call_cpu
+        and a speaking call's cost each."""
+        return self.idle_cpu + calls * self.speaking_call_cpu
 
     def snapshot(self) -> dict[str, float | int | None]:
         return {
@@ -300,6 +306,11 @@ class WorkerLoad:
     cpu_limit: float
     """Cores it may use (its share of the machine)."""
 
+    @property
+    def all_speaking_cpu(self) -> float:
+        """Cores it would use with all its calls speaking."""
+        return self.idle_cpu + self.calls * self.speaking_call_cpu
+
 
 def machine_refusal(workers: list[WorkerLoad], busy_cores: float | None) -> Refusal | None:
     """Why one more call would not fit on the machine, or None: every worker's calls and the
@@ -307,11 +318,11 @@ def machine_refusal(workers: list[WorkerLoad], busy_cores: float | None) -> Refu
     machine's, less the workers'; None where it cannot be read: the rest counts nothing),
     against the workers' limits together. The first call is always taken."""
     calls = sum(w.calls for w in workers)
-    if calls == 0 or not workers:
+    if calls == 0:
         return None
     used = sum(w.cpu_cores for w in workers)
     others = 0.0 if busy_cores is None else max(0.0, busy_cores - used)
-    speaking = sum(w.idle_cpu + w.calls * w.speaking_call_cpu for w in workers)
+    speaking = sum(w.all_speaking_cpu for w in workers)
     need = others + speaking + max(w.speaking_call_cpu for w in workers)
     limit = sum(w.cpu_limit for w in workers)
     if need <= limit:
@@ -370,8 +381,10 @@ def _busy_seconds(path: str, cpus: set[int]) -> float | None:
         return None
     busy, found = 0, False
     for line in lines:
+        if not line.startswith("cpu"):
+            break  # the cpu lines come first; the rest (interrupt counts) is long
         fields = line.split()
-        if len(fields) < 9 or not fields[0].startswith("cpu") or not fields[0][3:].isdigit():
+        if len(fields) < 9 or not fields[0][3:].isdigit():
             continue
         if int(fields[0][3:]) not in cpus:
             continue

@@ -81,7 +81,7 @@ def add_worker_parts(
                 "sessions": list(manager.sessions),
                 # For the front's judgement of the machine (headroom.machine_refusal).
                 "cpu_cores": manager.headroom.cpu_cores,
-                "idle_cpu": manager.headroom.all_speaking_cpu(0),
+                "idle_cpu": manager.headroom.idle_cpu,
                 "speaking_call_cpu": manager.headroom.speaking_call_cpu,
                 "cpu_limit": manager.headroom.settings.cpu_limit,
             }

@@ -131,9 +131,7 @@ def create_front_app(pool: WorkerPool, config: ServerConfig) -> web.Application:
                 "machine": {
                     "busy_cores": None if busy is None else round(busy, 3),
                     "workers_cpu_cores": round(sum(w.cpu_cores for w in loads), 3),
-                    "all_speaking_cpu": round(
-                        sum(w.idle_cpu + w.calls * w.speaking_call_cpu for w in loads), 3
-                    ),
+                    "all_speaking_cpu": round(sum(w.all_speaking_cpu for w in loads), 3),
                     "cpu_limit": round(sum(w.cpu_limit for w in loads), 3),
                 },
             }

@@ -416,7 +416,7 @@ class WorkerPool:
         """The figures of the workers that answered a status, calls as the front counts them
         (its own count is ahead of their last status: a call it just forwarded counts)."""
         return [
-            WorkerLoad(w.load, s.cpu_cores, s.idle_cpu, s.speaking_call_cpu, s.cpu_limit or 0.0)
+            WorkerLoad(w.load, s.cpu_cores, s.idle_cpu, s.speaking_call_cpu, s.cpu_limit)
             for w in self.workers
             if (s := w.status) is not None and w.alive
         ]
