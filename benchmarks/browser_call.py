@@ -32,8 +32,8 @@ from benchmarks.browser import (
     with_test_hooks,
 )
 from benchmarks.call import SAYS, _server, video_sent_late_s
-from benchmarks.load import delay_summary, server_delay_buckets
 from benchmarks.report import progress, summary
+from benchmarks.server_readings import delay_summary, server_delay_buckets
 from rtc_server.app import MANAGER
 
 FIRST_FRAME_JS = """

@@ -17,19 +17,24 @@ import asyncio
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from benchmarks.analysis import PLAYOUT_DELAY_S, Hole, reply_audio, voiced_span
 from benchmarks.client import CallClient, Microphone, OfferRefused
 from benchmarks.clip import speech_pcm
 from benchmarks.latency import QUESTIONS, spawn_server
-from benchmarks.procstat import usage
+from benchmarks.procstat import cpu_by_thread, usage
 from benchmarks.report import progress, summary
+from benchmarks.server_readings import (
+    delay_summary,
+    late_delta,
+    server_delay_buckets,
+    server_late_counts,
+    server_metrics,
+)
 from rtc_server.cpu_priority import blas_on_calling_thread
 
 MAX_INTERVAL_P99_MS = 60.0
@@ -286,7 +291,7 @@ def summarize_step(
     answers: list[Answer],
     intervals: list[np.ndarray],
     ref: Reference,
-    cpu: dict[str, float | None],
+    cpu: dict[str, Any],
     sent: list[np.ndarray] | None = None,
     server_late: dict[str, int] | None = None,
     client_lags_ms: list[float] | None = None,
@@ -367,75 +372,6 @@ def summarize_step(
     }
 
 
-async def server_metrics(url: str) -> str | None:
-    """The server's /metrics text (all its workers); None when it cannot be read."""
-    try:
-        async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
-            return await resp.text() if resp.status == 200 else None
-    except aiohttp.ClientError:
-        return None
-
-
-def _samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:
-    """Each sample of metric ``name`` in a /metrics text: its labels and value."""
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, _, value = line[len(name) + 1 :].partition("} ")
-            pairs = (item.partition("=") for item in labels.split(","))
-            yield {k: v.strip('"') for k, _, v in pairs}, float(value)
-
-
-def server_late_counts(text: str | None) -> dict[str, int] | None:
-    """``avatar_rtc_video_frames_late_total`` by reason (None without a text)."""
-    if text is None:
-        return None
-    counts = {"held": 0, "dropped": 0}
-    for labels, value in _samples(text, "avatar_rtc_video_frames_late_total"):
-        if labels.get("reason") in counts:
-            counts[labels["reason"]] += int(value)
-    return counts
-
-
-def server_delay_buckets(text: str | None, kind: str = "video") -> dict[float, float] | None:
-    """``avatar_rtc_frame_send_delay_seconds`` of ``kind``: cumulative count by bucket bound
-    (s), summed over workers; None without a text."""
-    if text is None:
-        return None
-    buckets: dict[float, float] = {}
-    for labels, value in _samples(text, "avatar_rtc_frame_send_delay_seconds_bucket"):
-        if labels.get("kind") == kind:
-            bound = float(labels["le"])
-            buckets[bound] = buckets.get(bound, 0.0) + value
-    return buckets
-
-
-def delay_summary(
-    before: dict[float, float] | None, after: dict[float, float] | None
-) -> dict[str, float | int | None] | None:
-    """The frames that left during the step: how many, and the bucket bounds (ms) their
-    median and 99th percentile fell under (None past the last bound)."""
-    if before is None or after is None or not after:
-        return None
-    bounds = sorted(after)
-    counts = [after[b] - before.get(b, 0.0) for b in bounds]
-    total = counts[-1]
-    out: dict[str, float | int | None] = {"frames": int(total), "p50": None, "p99": None}
-    for q, key in ((0.5, "p50"), (0.99, "p99")):
-        for bound, count in zip(bounds, counts, strict=True):
-            if total and count >= q * total:
-                out[key] = None if bound == float("inf") else bound * 1000
-                break
-    return out
-
-
-def _late_delta(
-    before: dict[str, int] | None, after: dict[str, int] | None
-) -> dict[str, int] | None:
-    if before is None or after is None:
-        return None
-    return {k: after[k] - before[k] for k in after}
-
-
 async def _step(
     callers: list[tuple[CallClient, Microphone]],
     pcm: np.ndarray,
@@ -453,8 +389,10 @@ async def _step(
     client_cpu = time.process_time()
     metrics_before = await server_metrics(url)
     idle0 = usage(pid) if pid else None
+    threads0 = cpu_by_thread(pid) if pid else None
     await asyncio.sleep(s.idle_s)
     idle1 = usage(pid) if pid else None
+    threads1 = cpu_by_thread(pid) if pid else None
     idle_end = time.monotonic()
     samples: list[tuple[float, float]] = []
     rss: list[int] = []
@@ -467,6 +405,7 @@ async def _step(
         for i, (c, m) in enumerate(callers)
     ]
     answers = await asyncio.gather(*asks)
+    threads2 = cpu_by_thread(pid) if pid else None
     for watcher in (sampler, lag_watch):
         if watcher is not None:
             watcher.cancel()
@@ -489,14 +428,18 @@ async def _step(
         sent.append(np.diff(np.array([r for _, r, _ in frames], np.int64)) * 1000 / VIDEO_CLOCK_HZ)
         read.append(np.diff([seen for _, _, seen in frames]) * 1000)
     metrics_after = await server_metrics(url)
-    late = _late_delta(server_late_counts(metrics_before), server_late_counts(metrics_after))
+    late = late_delta(server_late_counts(metrics_before), server_late_counts(metrics_after))
     delays = {
         kind: delay_summary(
             server_delay_buckets(metrics_before, kind), server_delay_buckets(metrics_after, kind)
         )
         for kind in ("video", "audio")
     }
-    cpu: dict[str, float | None] = {
+    cpu: dict[str, Any] = {
+        "server_cpu_by_thread_pct_per_call": {
+            "idle": cpu_per_call_by_thread(threads0, threads1, idle_end - started, n),
+            "turns": cpu_per_call_by_thread(threads1, threads2, ended - idle_end, n),
+        },
         "server_cpu_idle_pct_per_call": None,
         "server_cpu_speaking_pct_per_call": None,
         "server_cpu_turns_pct_per_call": None,
@@ -522,6 +465,29 @@ async def _step(
     return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delays, read)
 
 
+def cpu_per_call_by_thread(
+    before: dict[str, float] | None, after: dict[str, float] | None, seconds: float, calls: int
+) -> dict[str, float] | None:
+    """The server's CPU between two readings of :func:`~benchmarks.procstat.cpu_by_thread`, by
+    thread name, in % of a core per call, largest first; None without both readings."""
+    if before is None or after is None or seconds <= 0 or calls <= 0:
+        return None
+    spent = {n: (cpu - before.get(n, 0.0)) / seconds / calls * 100 for n, cpu in after.items()}
+    return {n: round(v, 2) for n, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
+def _threads_line(step: dict[str, Any]) -> str:
+    by = step.get("server_cpu_by_thread_pct_per_call") or {}
+    idle, turns = by.get("idle") or {}, by.get("turns") or {}
+    names = sorted(set(idle) | set(turns), key=lambda n: -turns.get(n, idle.get(n, 0.0)))
+    shown = [f"{n} {idle.get(n, 0.0):.1f} / {turns.get(n, 0.0):.1f}" for n in names]
+    return (
+        "\n      server CPU by thread, % of a core per call, idle / turns: " + ", ".join(shown)
+        if shown
+        else ""
+    )
+
+
 def step_line(step: dict[str, Any]) -> str:
     def f(v: float | None, fmt: str = ".0f") -> str:
         return "-" if v is None else format(v, fmt)
@@ -540,6 +506,7 @@ def step_line(step: dict[str, Any]) -> str:
         f"{f(step['server_cpu_speaking_pct_per_call'], '.1f')} %"
         + ("" if step["smooth"] else "  <- not smooth: " + "; ".join(step["not_smooth_because"]))
         + _stages_line(step.get("slowest_reply_stages_ms") or {})
+        + _threads_line(step)
     )
 
 

@@ -1,4 +1,6 @@
-"""CPU time and resident memory of a process and its descendants, from Linux's /proc."""
+"""CPU time and resident memory of a process and its descendants, from Linux's /proc; CPU
+time by thread name too (the server names its threads for the OS: musetalk_core/os_threads.py).
+"""
 
 from __future__ import annotations
 
@@ -20,8 +22,12 @@ class Usage:
 
 
 def _stat(pid: int) -> list[str] | None:
+    return _stat_at(f"/proc/{pid}/stat")
+
+
+def _stat_at(path: str) -> list[str] | None:
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(path).read_text()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold spaces.
@@ -93,3 +99,36 @@ def usage(root: int) -> Usage:
         rss += int(fields[21]) * _PAGE
         n += 1
     return Usage(cpu, rss, n)
+
+
+MAIN_THREAD = "event-loop"
+"""The name :func:`cpu_by_thread` gives each process's main thread (the server's event loop)."""
+UNNAMED = "other"
+"""... and the threads that carry their process's own name (nobody named them)."""
+
+
+def _comm(pid: int, tid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().rstrip("\n")
+    except OSError:
+        return None
+
+
+def cpu_by_thread(root: int) -> dict[str, float]:
+    """CPU seconds so far of the live threads of ``root`` and its descendants, summed by the
+    threads' OS names (threads that ended are not counted)."""
+    out: dict[str, float] = {}
+    for pid in _tree(root):
+        own = _comm(pid, pid)
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            fields = _stat_at(f"/proc/{pid}/task/{tid}/stat")
+            name = _comm(pid, tid)
+            if fields is None or name is None:
+                continue
+            label = MAIN_THREAD if tid == pid else UNNAMED if name == own else name
+            out[label] = out.get(label, 0.0) + sum(int(f) for f in fields[11:13]) / _TICKS
+    return out

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .i420 import i420_fits
+from .os_threads import namer
 from .segments import Piece, SegmentQueue
 from .types import AudioChunk, AvatarFrame, EngineError
 from .visemes import DECAY_S
@@ -74,7 +75,7 @@ class WarpEngine:
         # Made here, before the loop and the render thread share the renderer.
         self._still = self._renderer.still_i420 if self._i420 else self._renderer.still
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="warp-render"
+            max_workers=1, thread_name_prefix="warp-render", initializer=namer("warp-render")
         )
         # An engine dropped without aclose() must not leave its idle worker thread behind.
         weakref.finalize(self, self._executor.shutdown, wait=False)

@@ -25,6 +25,7 @@ import torch
 
 from .inference import StageTimes, infer_batch
 from .models import MuseTalkModels
+from .os_threads import name_this_thread
 
 __all__ = ["InferenceWorker", "RenderRequest", "WorkSource"]
 
@@ -137,6 +138,7 @@ class InferenceWorker:
             self._thread = None
 
     def _run(self) -> None:
+        name_this_thread("musetalk")
         while True:
             with self._wake:
                 while not self._pending and not self._stop:

@@ -13,6 +13,7 @@ from aiohttp import web
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from musetalk_core.os_threads import namer
 from musetalk_core.types import LipSyncEngine
 from rtc_server.aiortc_compat import (
     negotiated_codec,
@@ -439,7 +440,10 @@ def create_app(
         client_max_size=MAX_BODY_BYTES,
     )
     metrics = Metrics()
-    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="avatar-rtc")
+    # Reply speech (synthesis, its resampling and mouth timing) and the model loads.
+    executor = ThreadPoolExecutor(
+        max_workers=2, thread_name_prefix="avatar-rtc", initializer=namer("reply-speech")
+    )
     manager = SessionManager(config, metrics, executor)
     app[METRICS] = metrics
     app[MANAGER] = manager

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from musetalk_core.os_threads import namer
 from musetalk_core.package_data import package_dir
 from rtc_server.config import ConfigError
 from rtc_server.cpu_priority import side_by_side
@@ -185,7 +186,11 @@ def _executor() -> ThreadPoolExecutor:
     whose work would delay a judgement due within the short hang-over. One per core: callers
     who pause together (a 60 ms judgement each on this CPU) were judged one after the other,
     and three at once had the last verdict 236 ms after its pause, past the hang-over."""
-    return ThreadPoolExecutor(max_workers=judges_at_once(), thread_name_prefix="avatar-rtc-turn")
+    return ThreadPoolExecutor(
+        max_workers=judges_at_once(),
+        thread_name_prefix="avatar-rtc-turn",
+        initializer=namer("turn-judge"),
+    )
 
 
 async def judge_pause(model: SmartTurnModel, pcm: np.ndarray) -> tuple[float, float]:

@@ -12,9 +12,11 @@ import asyncio
 import signal
 import ssl
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from musetalk_core.os_threads import namer
 from rtc_server.app import MANAGER
 from rtc_server.internal_site import start_internal
 
@@ -36,10 +38,16 @@ async def serve(
     ``path``: listen on this unix socket instead of ``host``:``port`` (a worker behind the
     front of ``--workers N``, rtc_server/workers/).
     """
+    loop = asyncio.get_running_loop()
+    # aiortc encodes every call's frames on the loop's default executor: named for the OS, so
+    # that their CPU can be told from the rest (musetalk_core/os_threads.py). asyncio.run shuts
+    # it down as it would its own.
+    loop.set_default_executor(
+        ThreadPoolExecutor(thread_name_prefix="media-encode", initializer=namer("media-encode"))
+    )
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
     internal: web.AppRunner | None = None
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     cut_short = asyncio.Event()
 

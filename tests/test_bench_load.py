@@ -22,16 +22,14 @@ from benchmarks.load import (
     Reference,
     Settings,
     _measure,
-    delay_summary,
     holes,
-    server_delay_buckets,
-    server_late_counts,
     skipped_frames,
     speaking_cpu_pct_per_call,
     step_line,
     summarize_step,
 )
 from benchmarks.procstat import usage
+from benchmarks.server_readings import delay_summary, server_delay_buckets, server_late_counts
 from rtc_server.engine_factory import EngineFactory
 from tests.conftest import start_server
 

@@ -230,6 +230,14 @@ def test_bench_load(tmp_path: Path) -> None:
     assert step["server_cpu_speaking_pct_per_call"] > 0
     assert step["server_cpu_turns_pct_per_call"] > 0
     assert step["server_rss_mb"] > 50 and step["client_cpu_pct_per_call"] > 0
+    # Where the server's CPU went, by the OS names of its threads: the loop, the encoders on
+    # its default executor, the render thread, synthesis and transcription in the turns.
+    by_thread = step["server_cpu_by_thread_pct_per_call"]
+    turns = by_thread["turns"]
+    for part in ("event-loop", "media-encode", "warp-render", "reply-speech", "stt"):
+        assert turns.get(part, 0) > 0, (part, by_thread)
+    assert by_thread["idle"]["event-loop"] > 0, by_thread
+    assert sum(turns.values()) > 0.5 * step["server_cpu_turns_pct_per_call"], by_thread
     # The server's own count of its frames' lateness covers the step (idle and reply):
     # every frame sent, at 4 fps idle and 25 while speaking.
     delay = step["server_video_delay_ms"]

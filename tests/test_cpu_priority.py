@@ -8,10 +8,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
+from benchmarks.procstat import MAIN_THREAD, UNNAMED, cpu_by_thread
+from musetalk_core.os_threads import namer, os_thread_name, thread_named
 from rtc_server.cpu_priority import SPEECH_NICE, lower_this_thread, thread_nice
 from tests.conftest import LiveServer
 
@@ -70,6 +74,62 @@ async def test_the_server_transcribes_below_its_loop_and_synthesizes_beside_it(
     assert stt and app, names
     assert {thread_nice(t) for t in stt if t} == {min(19, base + SPEECH_NICE)}
     assert {thread_nice(t) for t in app if t} == {base}  # synthesis: the media path's priority
+    # Named for the OS too (top -H, bench load's CPU by thread).
+    assert {_os_name(t) for t in stt} == {"stt"} and {_os_name(t) for t in app} == {"reply-speech"}
+
+
+def _os_name(tid: int | None) -> str:
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        return f.read().strip()
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_threads_carry_their_names_in_the_os_and_their_cpu_is_read_by_name() -> None:
+    process = os_thread_name()
+    started: dict[str, str | None] = {}
+
+    def child() -> None:
+        started["child"] = os_thread_name()
+
+    def start_child() -> None:
+        t = threading.Thread(target=child)
+        t.start()
+        t.join()
+
+    with ThreadPoolExecutor(max_workers=1, initializer=namer("test-part")) as pool:
+        assert pool.submit(os_thread_name).result() == "test-part"
+        # A thread it starts (as native libraries do) inherits the name.
+        pool.submit(start_child).result()
+        before = cpu_by_thread(os.getpid())
+        pool.submit(_spin, 0.3).result()
+        after = cpu_by_thread(os.getpid())
+    assert started == {"child": "test-part"}
+    assert after["test-part"] - before.get("test-part", 0.0) >= 0.2
+    # This test's own thread is the process's main one, or carries the process's name.
+    assert os_thread_name() == process
+    assert MAIN_THREAD in after or UNNAMED in after
+
+    def named_while_starting() -> None:
+        with thread_named("made-here"):
+            start_child()
+        started["after"] = os_thread_name()
+
+    outer = threading.Thread(target=named_while_starting)
+    outer.start()
+    outer.join()
+    assert started == {"child": "made-here", "after": process}
+
+
+def test_names_are_cut_to_what_the_kernel_keeps() -> None:
+    with ThreadPoolExecutor(max_workers=1, initializer=namer("a-much-longer-name-than-fits")) as p:
+        assert p.submit(os_thread_name).result() == "a-much-longer-n"
+    with pytest.raises(ValueError):
+        namer("")()
 
 
 _ELSEWHERE = """

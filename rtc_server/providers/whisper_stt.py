@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from musetalk_core.os_threads import name_this_thread
 from rtc_server.cpu_priority import lower_this_thread
 from rtc_server.media.resample import resample_int16
 
@@ -135,8 +136,14 @@ class WhisperSTT:
 def _executor(parallel: int) -> ThreadPoolExecutor:
     """One per process and size, like the model: a thread per transcription at once."""
     return ThreadPoolExecutor(
-        max_workers=parallel, thread_name_prefix="avatar-rtc-stt", initializer=lower_this_thread
+        max_workers=parallel, thread_name_prefix="avatar-rtc-stt", initializer=_stt_thread
     )
+
+
+def _stt_thread() -> None:
+    # Named before the model loads on one of them: CTranslate2's threads inherit the name.
+    name_this_thread("stt")
+    lower_this_thread()
 
 
 @functools.lru_cache(maxsize=4)
