@@ -28,6 +28,11 @@ from benchmarks.clip import speech_pcm
 from benchmarks.latency import QUESTIONS, spawn_server
 from benchmarks.procstat import cpu_by_thread, usage
 from benchmarks.report import progress, summary
+from benchmarks.server_cpu import (
+    cpu_per_call_by_thread,
+    speaking_cpu_by_thread,
+    speaking_cpu_pct_per_call,
+)
 from benchmarks.server_readings import (
     delay_summary,
     late_delta,
@@ -172,28 +177,6 @@ async def connect_light_caller(url: str) -> tuple[CallClient, Microphone]:
     return client, mic
 
 
-def speaking_cpu_pct_per_call(
-    samples: list[tuple[float, float]],
-    spans: list[tuple[float, float]],
-    idle_cores_per_call: float,
-    calls: int,
-) -> float | None:
-    """Server CPU of one speaking call, % of one core.
-
-    Over each interval between two CPU samples, k calls are speaking (their reply's speech
-    covers the interval's middle): what the interval cost beyond the n - k calls that were
-    not speaking (at the idle rate), per speaking call. None: nobody spoke between samples.
-    """
-    spent, speaking_s = 0.0, 0.0
-    for (t0, c0), (t1, c1) in zip(samples, samples[1:], strict=False):
-        mid = (t0 + t1) / 2
-        k = sum(1 for a, b in spans if a <= mid < b)
-        if k:
-            spent += (c1 - c0) - idle_cores_per_call * (calls - k) * (t1 - t0)
-            speaking_s += k * (t1 - t0)
-    return spent / speaking_s * 100 if speaking_s else None
-
-
 LAG_TICK_S = 0.01
 
 
@@ -206,10 +189,17 @@ async def _watch_loop_lag(out: list[float]) -> None:
         out.append(max(0.0, time.monotonic() - due) * 1000)
 
 
-async def _sample(pid: int, out: list[tuple[float, float]], rss: list[int]) -> None:
+async def _sample(
+    pid: int,
+    out: list[tuple[float, float]],
+    rss: list[int],
+    by_thread: list[tuple[float, dict[str, float]]],
+) -> None:
     while True:
         u = usage(pid)
-        out.append((time.monotonic(), u.cpu_s))
+        now = time.monotonic()
+        out.append((now, u.cpu_s))
+        by_thread.append((now, cpu_by_thread(pid)))
         rss.append(u.rss_bytes)
         await asyncio.sleep(SAMPLE_S)
 
@@ -396,7 +386,8 @@ async def _step(
     idle_end = time.monotonic()
     samples: list[tuple[float, float]] = []
     rss: list[int] = []
-    sampler = asyncio.ensure_future(_sample(pid, samples, rss)) if pid else None
+    thread_samples: list[tuple[float, dict[str, float]]] = []
+    sampler = asyncio.ensure_future(_sample(pid, samples, rss, thread_samples)) if pid else None
     lags: list[float] = []
     lag_watch = asyncio.ensure_future(_watch_loop_lag(lags))
     spread = ref.turn_s if s.turns == "staggered" else 0.0
@@ -435,9 +426,12 @@ async def _step(
         )
         for kind in ("video", "audio")
     }
+    idle_by_thread = cpu_per_call_by_thread(threads0, threads1, idle_end - started, n)
+    speech_spans = [a.speech for a in answers if a.speech is not None]
     cpu: dict[str, Any] = {
         "server_cpu_by_thread_pct_per_call": {
-            "idle": cpu_per_call_by_thread(threads0, threads1, idle_end - started, n),
+            "idle": idle_by_thread,
+            "speaking": speaking_cpu_by_thread(thread_samples, speech_spans, idle_by_thread, n),
             "turns": cpu_per_call_by_thread(threads1, threads2, ended - idle_end, n),
         },
         "server_cpu_idle_pct_per_call": None,
@@ -450,11 +444,10 @@ async def _step(
 
     if idle0 is not None and idle1 is not None and len(samples) > 1:
         idle_cores = (idle1.cpu_s - idle0.cpu_s) / (idle_end - started) / n
-        spans = [a.speech for a in answers if a.speech is not None]
         turn_cores = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]) / n
         cpu["server_cpu_idle_pct_per_call"] = idle_cores * 100
         cpu["server_cpu_speaking_pct_per_call"] = speaking_cpu_pct_per_call(
-            samples, spans, idle_cores, n
+            samples, speech_spans, idle_cores, n
         )
         cpu["server_cpu_turns_pct_per_call"] = turn_cores * 100
         cpu["server_rss_mb"] = max([idle1.rss_bytes, *rss]) / 2**20
@@ -465,24 +458,17 @@ async def _step(
     return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delays, read)
 
 
-def cpu_per_call_by_thread(
-    before: dict[str, float] | None, after: dict[str, float] | None, seconds: float, calls: int
-) -> dict[str, float] | None:
-    """The server's CPU between two readings of :func:`~benchmarks.procstat.cpu_by_thread`, by
-    thread name, in % of a core per call, largest first; None without both readings."""
-    if before is None or after is None or seconds <= 0 or calls <= 0:
-        return None
-    spent = {n: (cpu - before.get(n, 0.0)) / seconds / calls * 100 for n, cpu in after.items()}
-    return {n: round(v, 2) for n, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v > 0}
-
-
 def _threads_line(step: dict[str, Any]) -> str:
     by = step.get("server_cpu_by_thread_pct_per_call") or {}
-    idle, turns = by.get("idle") or {}, by.get("turns") or {}
-    names = sorted(set(idle) | set(turns), key=lambda n: -turns.get(n, idle.get(n, 0.0)))
-    shown = [f"{n} {idle.get(n, 0.0):.1f} / {turns.get(n, 0.0):.1f}" for n in names]
+    idle, speaking, turns = (by.get(k) or {} for k in ("idle", "speaking", "turns"))
+    names = sorted(set(idle) | set(speaking) | set(turns), key=lambda n: -turns.get(n, 0.0))
+    shown = [
+        f"{n} {idle.get(n, 0.0):.1f} / {speaking.get(n, 0.0):.1f} / {turns.get(n, 0.0):.1f}"
+        for n in names
+    ]
     return (
-        "\n      server CPU by thread, % of a core per call, idle / turns: " + ", ".join(shown)
+        "\n      server CPU by thread, % of a core per call idle / per speaking call / per call "
+        "over the turns: " + ", ".join(shown)
         if shown
         else ""
     )

@@ -24,11 +24,15 @@ from benchmarks.load import (
     _measure,
     holes,
     skipped_frames,
-    speaking_cpu_pct_per_call,
     step_line,
     summarize_step,
 )
 from benchmarks.procstat import usage
+from benchmarks.server_cpu import (
+    cpu_per_call_by_thread,
+    speaking_cpu_by_thread,
+    speaking_cpu_pct_per_call,
+)
 from benchmarks.server_readings import delay_summary, server_delay_buckets, server_late_counts
 from rtc_server.engine_factory import EngineFactory
 from tests.conftest import start_server
@@ -171,6 +175,24 @@ def test_speaking_cpu_per_call_takes_off_the_idle_callers() -> None:
     pct = speaking_cpu_pct_per_call(samples, [(1.0, 3.0)], 0.1, 2)
     assert pct is not None and abs(pct - 40.0) < 1e-6
     assert speaking_cpu_pct_per_call(samples, [], 0.1, 2) is None
+
+
+def test_each_threads_cpu_per_speaking_call_and_per_call() -> None:
+    # The same two calls, the 0.5 core split between the loop (0.3: 0.1 of it the idle calls')
+    # and the render thread (0.2, only while the call speaks); synthesis ran before it spoke.
+    samples = []
+    for i in range(17):
+        t = i / 4
+        speaking = min(max(t - 1.0, 0.0), 2.0)
+        cpu = {"event-loop": 0.2 * t + 0.1 * speaking, "warp-render": 0.2 * speaking}
+        samples.append((t, {**cpu, "reply-speech": 0.4 if t > 0.5 else 0.0}))
+    idle = cpu_per_call_by_thread(samples[0][1], samples[4][1], 1.0, 2)
+    assert idle == {"event-loop": 10.0, "reply-speech": 20.0}
+    by = speaking_cpu_by_thread(samples, [(1.0, 3.0)], {"event-loop": 10.0}, 2)
+    assert by is not None
+    assert abs(by["event-loop"] - 20.0) < 1e-6 and abs(by["warp-render"] - 20.0) < 1e-6
+    assert set(by) == {"event-loop", "warp-render"}  # nothing else ran while it spoke
+    assert cpu_per_call_by_thread(None, samples[4][1], 1.0, 2) is None
 
 
 def test_usage_counts_the_children() -> None:

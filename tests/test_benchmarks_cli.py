@@ -237,6 +237,9 @@ def test_bench_load(tmp_path: Path) -> None:
     for part in ("event-loop", "media-encode", "warp-render", "reply-speech", "stt"):
         assert turns.get(part, 0) > 0, (part, by_thread)
     assert by_thread["idle"]["event-loop"] > 0, by_thread
+    # While the reply played: its frames drawn and encoded.
+    for part in ("event-loop", "media-encode", "warp-render"):
+        assert by_thread["speaking"].get(part, 0) > 0, (part, by_thread)
     assert sum(turns.values()) > 0.5 * step["server_cpu_turns_pct_per_call"], by_thread
     # The server's own count of its frames' lateness covers the step (idle and reply):
     # every frame sent, at 4 fps idle and 25 while speaking.
