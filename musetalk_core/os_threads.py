@@ -3,10 +3,10 @@ from outside it: ``top -H``, ``ps -L``, ``py-spy`` and ``/proc/<pid>/task/<tid>/
 ``avatar-rtc bench load`` reads how much CPU each part of the server spent.
 
 Python's thread names are Python's own: to the kernel every thread carries the name of the
-thread that started it (the process's name, for threads started from the main thread), and
-threads that native libraries start (CTranslate2's, OpenMP's) inherit the name of whichever
-thread created them. :func:`thread_named` gives those the right name by naming their creator
-while it makes them. Linux only; elsewhere the calls do nothing.
+thread that started it (the process's name, for threads started from the main thread). Threads
+that native libraries start inherit the name of the thread that created them: CTranslate2's,
+made while the Whisper model loads on an ``stt`` thread, are ``stt`` too. Linux only;
+elsewhere the calls do nothing.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["NAME_BYTES", "namer", "name_this_thread", "os_thread_name", "thread_named"]
+__all__ = ["NAME_BYTES", "name_this_thread", "namer", "os_thread_name"]
 
 NAME_BYTES = 15
 """The kernel keeps this many bytes of a thread's name (16 with the terminating zero)."""
@@ -49,16 +49,3 @@ def name_this_thread(name: str) -> None:
 def namer(name: str) -> Callable[[], None]:
     """An ``initializer`` for a ``ThreadPoolExecutor`` that names each of its threads ``name``."""
     return functools.partial(name_this_thread, name)
-
-
-@contextlib.contextmanager
-def thread_named(name: str) -> Iterator[None]:
-    """The calling thread carries ``name`` inside the block (the threads native code starts in
-    it inherit that name), and its own name again after it."""
-    before = os_thread_name()
-    name_this_thread(name)
-    try:
-        yield
-    finally:
-        if before:
-            name_this_thread(before)
