@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import turn_taking
+from benchmarks import synthesis, turn_taking
 from benchmarks.report import table, write_json
 
 
@@ -573,6 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="silence this much of the first caller's reply, to check the hole measurement",
     )
     tt = turn_taking.add_parser(sub)
+    sth = synthesis.add_parser(sub)
+    sth.add_argument("--json", type=Path, default=None, help="write results here")
     for p in (brw, syn, lod):
         p.add_argument("--url", default=None, help="a running server (default: in-process)")
     for p in (enc, eng, cal, lat, con, vad, vis, brw, syn, lod, tt):
@@ -595,12 +597,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sync": _sync,
         "load": _load,
         "turn-taking": turn_taking.command,
+        "synthesis": synthesis.command,
     }[args.bench]
     settings, results = runner(args)
     if args.json is not None:
         write_json(args.json, args.bench, settings, results)
         print(f"wrote {args.json}")
-    if args.plot is not None:
+    if getattr(args, "plot", None) is not None:
         from benchmarks.plots import plot
 
         plot(args.bench, results, args.plot)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -43,6 +43,7 @@ from rtc_server.metrics import Metrics
 from rtc_server.pages import STATIC_DIR
 from rtc_server.providers.registry import Choice, load_providers
 from rtc_server.session import AvatarSession, ListenSettings, Providers
+from rtc_server.synthesis_pool import DeadlinePool
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
 from rtc_server.vad import SileroModel, VADParams
 from signaling.access import access_middleware
@@ -67,7 +68,7 @@ class SessionManager:
         self,
         config: ServerConfig,
         metrics: Metrics,
-        executor: ThreadPoolExecutor,
+        executor: Executor,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -440,10 +441,9 @@ def create_app(
         client_max_size=MAX_BODY_BYTES,
     )
     metrics = Metrics()
-    # Reply speech (synthesis, its resampling and mouth timing) and the model loads.
-    executor = ThreadPoolExecutor(
-        max_workers=2, thread_name_prefix="avatar-rtc", initializer=namer("reply-speech")
-    )
+    # Reply speech (synthesis, its resampling and mouth timing) and the model loads, the most
+    # pressing first (a playing reply's next piece before replies yet to begin).
+    executor = DeadlinePool(2, thread_name_prefix="avatar-rtc", initializer=namer("reply-speech"))
     manager = SessionManager(config, metrics, executor)
     app[METRICS] = metrics
     app[MANAGER] = manager

@@ -21,6 +21,7 @@ from rtc_server.media.resample import StreamResampler
 from rtc_server.media.scheduler import AVScheduler, Unit
 from rtc_server.media.viseme_estimator import EstimatorStream, shared_estimator
 from rtc_server.providers.base import TTS
+from rtc_server.synthesis_pool import due_in
 
 
 @dataclass(slots=True)
@@ -83,6 +84,12 @@ class Utterance:
     def first_played_at(self) -> float | None:
         return self.segments[0].first_played_at if self.segments else None
 
+    @property
+    def unplayed_s(self) -> float:
+        """Seconds of its audio pushed into the engine and not yet presented."""
+        samples = sum(max(0, s.samples - s.played * s.frame_samples) for s in self.segments)
+        return samples / self.segments[0].sample_rate if self.segments else 0.0
+
 
 class SpeechOutput:
     """Serializes speech into the call's output: utterances play one after another."""
@@ -135,11 +142,16 @@ class SpeechOutput:
             # ``sentences`` must be released now, not whenever the generator is collected.
             spoken = ""  # the utterance so far, for a voice that continues its prosody
             async for text in sentences:
+                # A later piece is due when the audio before it has played: synthesis shared
+                # with other calls takes it before replies that have not begun
+                # (rtc_server/synthesis_pool.py).
+                due = due_in(utterance.unplayed_s) if spoken else contextlib.nullcontext()
                 seg = self._segment(text, utterance)
                 synthesis = tts.synthesize(text, previous_text=spoken)
-                async with contextlib.aclosing(synthesis) as chunks:
-                    if await self._play(seg, chunks, utterance, on_tts_audio):
-                        on_tts_audio = None
+                with due:
+                    async with contextlib.aclosing(synthesis) as chunks:
+                        if await self._play(seg, chunks, utterance, on_tts_audio):
+                            on_tts_audio = None
                 await self._end(seg)
                 spoken = recent_text(f"{spoken} {text}")
 

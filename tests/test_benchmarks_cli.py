@@ -247,3 +247,18 @@ def test_bench_load(tmp_path: Path) -> None:
     assert delay["frames"] >= caller["frame_interval_ms"]["n"] and delay["p50"] is not None
     audio = step["server_audio_delay_ms"]  # 50 frames a second, idle or not
     assert audio["frames"] >= 40 * 2 and audio["p50"] is not None
+
+
+def test_bench_synthesis(tmp_path: Path) -> None:
+    # Replies beginning together on the server's pool and on a first-come pool: every reply
+    # is counted, torn or not. No speed claim.
+    out = tmp_path / "out.json"
+    assert main(["synthesis", "--replies", "3", "--rounds", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    runs = doc["results"]["runs"]
+    assert [(r["replies"], r["pool"]) for r in runs] == [(3, "deadline"), (3, "first-come")]
+    for r in runs:
+        assert r["of"] == 3 and 0 <= r["torn"] <= 3 and len(r["replies_ms"]) == 3
+        assert r["torn"] == sum(1 for x in r["replies_ms"] if x["gap_ms"] > 0)
+        assert all(x["first_audio_ms"] > 0 for x in r["replies_ms"])
