@@ -83,9 +83,10 @@ class DeadlinePool(Executor):
             heapq.heappush(
                 self._queue, (deadline, next(self._order), future, lambda: fn(*args, **kwargs))
             )
-            if self._idle:
-                self._cond.notify()
-            elif len(self._threads) < self._max_workers:
+            self._cond.notify()
+            # An idle thread that was woken but has not yet taken its job still counts as idle:
+            # more jobs than idle threads need one more thread, up to max_workers.
+            if len(self._queue) > self._idle and len(self._threads) < self._max_workers:
                 thread = threading.Thread(
                     target=self._work, name=f"{self._prefix}_{len(self._threads)}", daemon=True
                 )

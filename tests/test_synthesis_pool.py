@@ -69,6 +69,16 @@ def test_results_errors_cancels_and_shutdown() -> None:
         DeadlinePool(0)
 
 
+def test_jobs_submitted_together_run_side_by_side_on_free_threads() -> None:
+    pool = DeadlinePool(2)
+    pool.submit(time.sleep, 0).result(10)  # one thread made, idle now
+    both = threading.Barrier(2, timeout=10)
+    # Each waits for the other: they pass only if the pool runs them at the same time.
+    jobs = [pool.submit(both.wait) for _ in range(2)]
+    assert sorted(f.result(10) for f in jobs) == [0, 1]
+    pool.shutdown()
+
+
 async def test_a_task_s_deadline_reaches_the_executor_it_awaits() -> None:
     pool = DeadlinePool(1)
     loop = asyncio.get_running_loop()
