@@ -397,6 +397,7 @@ async def _step(
     ]
     answers = await asyncio.gather(*asks)
     threads2 = cpu_by_thread(pid) if pid else None
+    turns_end = time.monotonic()
     for watcher in (sampler, lag_watch):
         if watcher is not None:
             watcher.cancel()
@@ -432,7 +433,7 @@ async def _step(
         "server_cpu_by_thread_pct_per_call": {
             "idle": idle_by_thread,
             "speaking": speaking_cpu_by_thread(thread_samples, speech_spans, idle_by_thread, n),
-            "turns": cpu_per_call_by_thread(threads1, threads2, ended - idle_end, n),
+            "turns": cpu_per_call_by_thread(threads1, threads2, turns_end - idle_end, n),
         },
         "server_cpu_idle_pct_per_call": None,
         "server_cpu_speaking_pct_per_call": None,
