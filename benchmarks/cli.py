@@ -356,6 +356,8 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         baseline_turns=args.baseline_turns,
         keep_going=args.keep_going,
         inject_hole_ms=args.inject_hole_ms,
+        providers=args.providers,
+        service_ms=args.service_ms,
     )
     r = load.run(settings)
 
@@ -383,7 +385,8 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     ]
     one = r["one_call"]
     print(
-        f"turns {r['turns']}, workers {r['workers'] or 'default'}; one call alone: reply "
+        f"turns {r['turns']}, workers {r['workers'] or 'default'}, providers {r['providers']}; "
+        f"one call alone: reply "
         f"{one['latency_ms']:.0f} ms, speech {one['speech_ms']:.0f} ms"
     )
     print(
@@ -416,9 +419,19 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         x = r["refused"]
         why = f"({x['status']} {x['code']}): {x['message']}"
         print(f"call {x['calls']} refused by the server {why}")
+    if "stand_in" in r:
+        served = r["stand_in"]
+        print(
+            f"cloud stand-in ({served['service_ms']:.0f} ms a request) served: "
+            + ", ".join(f"{route} {n}" for route, n in sorted(served["requests"].items()))
+        )
+        if served["violations"]:
+            print("stand-in violations:", *served["violations"], sep="\n  ")
     print(f"largest smooth: {r['largest_smooth_calls']} call(s)")
     return {
         "max_calls": args.max_calls,
+        "providers": args.providers,
+        "service_ms": args.service_ms,
         "turns": args.turns,
         "workers": args.workers,
         "url": args.url,
@@ -565,6 +578,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-going",
         action="store_true",
         help="go on to --max-calls after a step that is not smooth",
+    )
+    lod.add_argument(
+        "--providers",
+        choices=("offline", "cloud"),
+        default="offline",
+        help="the spawned server's own models, or OpenAI STT, LLM and TTS played by a local "
+        "stand-in in its own process (the server's cost beside cloud providers)",
+    )
+    lod.add_argument(
+        "--service-ms",
+        type=float,
+        default=100.0,
+        help="with --providers cloud: the stand-in's service time before each answer",
     )
     lod.add_argument(
         "--inject-hole-ms",

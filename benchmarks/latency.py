@@ -8,10 +8,12 @@ real time. Client figures are taken by packet arrival: the end of the caller's v
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 import sys
 import time
+from collections.abc import Mapping
 from typing import IO, Any
 
 import aiohttp
@@ -196,12 +198,14 @@ async def spawn_server(
     ice_address: str = "127.0.0.1",
     log: IO[bytes] | None = None,
     tls: ssl.SSLContext | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[str, asyncio.subprocess.Process]:
     """``avatar-rtc serve`` in its own process on a free 127.0.0.1 port; waits for /readyz.
 
     ``extra_args`` go to ``serve``; ``log`` receives the server's stderr (default: discarded).
     With ``tls`` (a client context trusting the server's certificate, whose files are in
-    ``extra_args``) the server is reached over HTTPS.
+    ``extra_args``) the server is reached over HTTPS. ``env`` is added to this process's
+    environment for the server (API keys, base URLs).
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -223,6 +227,7 @@ async def spawn_server(
         *extra_args,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=log if log is not None else asyncio.subprocess.DEVNULL,
+        env={**os.environ, **env} if env else None,
     )
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls or True)) as http:

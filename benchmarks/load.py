@@ -9,6 +9,11 @@ all at the same moment (``simultaneous``) or spread evenly over one turn's lengt
 (``staggered``). A step is smooth when no call failed (a reply within ``reply_timeout_s``),
 every caller's video frame interval p99 is at most 60 ms, no reply has an audio hole, and every
 reply latency is at most 1.5 times the one-call figure.
+
+The replies come from the spawned server's own models (``providers="offline"``), or from OpenAI's
+STT, LLM and TTS played by the vendor stand-in in a process of its own (``"cloud"``): then the
+server's CPU is what it costs beside cloud providers, the stand-in's is counted on its own, and
+what the stand-in served (requests per route, violations) is in the results.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from benchmarks.analysis import PLAYOUT_DELAY_S, Hole, reply_audio, voiced_span
 from benchmarks.client import CallClient, Microphone, OfferRefused
 from benchmarks.clip import speech_pcm
 from benchmarks.latency import QUESTIONS, spawn_server
+from benchmarks.load_lines import step_line
 from benchmarks.procstat import cpu_by_thread, usage
 from benchmarks.report import progress, summary
 from benchmarks.server_cpu import (
@@ -40,7 +46,9 @@ from benchmarks.server_readings import (
     server_late_counts,
     server_metrics,
 )
+from benchmarks.vendor_standin import OPENAI_KEY, StandInProcess, standin_process
 from rtc_server.cpu_priority import blas_on_calling_thread
+from rtc_server.providers.openai_tts import OPENAI_PCM_RATE
 
 MAX_INTERVAL_P99_MS = 60.0
 MAX_LATENCY_RATIO = 1.5
@@ -52,6 +60,10 @@ alone (the voice varies its pauses by tens of ms from one reading to the next)."
 SAMPLE_S = 0.25
 """How often the server's CPU time is read during the turns."""
 TURNS = ("simultaneous", "staggered")
+PROVIDERS = ("offline", "cloud")
+CLOUD_REPLY = "It is sunny and warm today with a light breeze from the sea."
+"""What the stand-in's LLM answers and its TTS says: one clause, so the server asks for its speech
+in one request (the stand-in says the whole reply to each)."""
 VIDEO_CLOCK_HZ = 90_000
 FRAME_MS = 40.0
 """The server's frame interval (25 fps): an RTP gap of two of these is one frame skipped."""
@@ -74,6 +86,13 @@ class Settings:
     baseline_turns: int = 3
     keep_going: bool = False
     """Go on adding calls after a step that is not smooth (to see how it degrades)."""
+    providers: str = "offline"
+    """``offline``: the spawned server's own models (Whisper, Piper) answer, in its process.
+    ``cloud``: OpenAI's STT, LLM and TTS played by the vendor stand-in in a process of its own
+    (benchmarks/vendor_standin.py), so the server's figures are what it costs beside cloud
+    providers, and the stand-in's CPU is reported on its own."""
+    service_ms: float = 100.0
+    """With ``cloud``: the stand-in's simulated service time before each answer."""
     inject_hole_ms: float = 0.0
     """Silence this much of the first caller's received reply at every step, mid-speech: a
     known hole, to check that the measurement and the table catch one."""
@@ -369,6 +388,7 @@ async def _step(
     s: Settings,
     url: str,
     pid: int | None,
+    standin_pid: int | None = None,
 ) -> dict[str, Any]:
     n = len(callers)
     for client, _ in callers:
@@ -380,6 +400,7 @@ async def _step(
     metrics_before = await server_metrics(url)
     idle0 = usage(pid) if pid else None
     threads0 = cpu_by_thread(pid) if pid else None
+    standin0 = usage(standin_pid) if standin_pid else None
     await asyncio.sleep(s.idle_s)
     idle1 = usage(pid) if pid else None
     threads1 = cpu_by_thread(pid) if pid else None
@@ -441,7 +462,11 @@ async def _step(
         "server_rss_mb": None,
         "server_processes": None,
         "client_cpu_pct_per_call": client_pct,
+        "standin_cpu_pct": None,
     }
+    if standin0 is not None and standin_pid:
+        standin_s = usage(standin_pid).cpu_s - standin0.cpu_s
+        cpu["standin_cpu_pct"] = standin_s / (time.monotonic() - started) * 100
 
     if idle0 is not None and idle1 is not None and len(samples) > 1:
         idle_cores = (idle1.cpu_s - idle0.cpu_s) / (idle_end - started) / n
@@ -459,58 +484,32 @@ async def _step(
     return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delays, read)
 
 
-def _threads_line(step: dict[str, Any]) -> str:
-    by = step.get("server_cpu_by_thread_pct_per_call") or {}
-    idle, speaking, turns = (by.get(k) or {} for k in ("idle", "speaking", "turns"))
-    names = sorted(set(idle) | set(speaking) | set(turns), key=lambda n: -turns.get(n, 0.0))
-    shown = [
-        f"{n} {idle.get(n, 0.0):.1f} / {speaking.get(n, 0.0):.1f} / {turns.get(n, 0.0):.1f}"
-        for n in names
-    ]
-    return (
-        "\n      server CPU by thread, % of a core per call idle / per speaking call / per call "
-        "over the turns: " + ", ".join(shown)
-        if shown
-        else ""
-    )
-
-
-def step_line(step: dict[str, Any]) -> str:
-    def f(v: float | None, fmt: str = ".0f") -> str:
-        return "-" if v is None else format(v, fmt)
-
-    iv = step["frame_interval_ms"]
-    return (
-        f"{step['calls']} call(s): {step['failed_calls']} failed, frame interval p99 "
-        f"{f(iv['p99'])} max {f(iv['max'])} ms (read p99 {f(step['read_interval_ms']['p99'])}, "
-        f"sent p99 {f(step['sent_interval_ms']['p99'])}, "
-        f"{step['frames_skipped']} skipped; callers' loop lag p99 "
-        f"{f(step['client_loop_lag_ms']['p99'])}; server's frames out p99 <= "
-        f"{f((step.get('server_video_delay_ms') or {}).get('p99'))} ms late), "
-        f"{step['audio_holes']} hole(s), reply max "
-        f"{f(step['latency_ms'].get('max'))} ms, server CPU/call idle "
-        f"{f(step['server_cpu_idle_pct_per_call'], '.1f')} % speaking "
-        f"{f(step['server_cpu_speaking_pct_per_call'], '.1f')} %"
-        + ("" if step["smooth"] else "  <- not smooth: " + "; ".join(step["not_smooth_because"]))
-        + _stages_line(step.get("slowest_reply_stages_ms") or {})
-        + _threads_line(step)
-    )
-
-
-SHOWN_STAGES = ("vad_end", "stt", "llm_first_token", "tts_first_audio", "engine_first_frame")
-
-
-def _stages_line(stages: dict[str, float]) -> str:
-    shown = [f"{n} {stages[n + '_ms']:.0f}" for n in SHOWN_STAGES if n + "_ms" in stages]
-    return f"\n      slowest reply, server's stages (ms): {', '.join(shown)}" if shown else ""
-
-
 async def _measure(s: Settings) -> dict[str, Any]:
     if s.turns not in TURNS:
         raise ValueError(f"turns is one of {TURNS}, not {s.turns!r}")
     # The callers' BLAS without its spinning pool too, as in the server: CPU it would burn
     # beside the server is CPU the server does not get.
     blas_on_calling_thread()
+    if s.providers not in PROVIDERS:
+        raise ValueError(f"providers is one of {PROVIDERS}, not {s.providers!r}")
+    async with contextlib.AsyncExitStack() as stack:
+        standin = None
+        if s.providers == "cloud" and s.url is None:
+            standin = await stack.enter_async_context(
+                standin_process(
+                    transcript=QUESTIONS[1],
+                    reply=CLOUD_REPLY,
+                    speech=await speech_pcm(CLOUD_REPLY, OPENAI_PCM_RATE),
+                    delay_s=s.service_ms / 1000,
+                )
+            )
+        r = await _measure_with(s, standin)
+    if standin is not None:
+        r["stand_in"] = {"service_ms": s.service_ms, **standin.served}
+    return r
+
+
+async def _measure_with(s: Settings, standin: StandInProcess | None) -> dict[str, Any]:
     process = None
     url, pid = s.url, s.server_pid
     if url is None:
@@ -521,7 +520,11 @@ async def _measure(s: Settings) -> dict[str, Any]:
             extra.append("--no-headroom")
         if s.workers is not None:
             extra += ["--workers", str(s.workers)]
-        url, process = await spawn_server(*extra)
+        env = None
+        if standin is not None:
+            extra += ["--stt", "openai", "--llm", "openai", "--tts", "openai"]
+            env = {"OPENAI_API_KEY": OPENAI_KEY, "OPENAI_BASE_URL": standin.openai_base}
+        url, process = await spawn_server(*extra, env=env)
         pid = process.pid
     pcm = await speech_pcm(QUESTIONS[1])
     callers: list[tuple[CallClient, Microphone]] = []
@@ -547,7 +550,7 @@ async def _measure(s: Settings) -> dict[str, Any]:
                     print(f"  call {n} refused ({exc.status} {exc.code}): {exc.message}")
                     break
             await asyncio.sleep(1.0)
-            step = await _step(callers, pcm, ref, s, url, pid)
+            step = await _step(callers, pcm, ref, s, url, pid, standin.pid if standin else None)
             steps.append(step)
             print("  " + step_line(step), flush=True)
             if step["smooth"] and largest == n - 1:
@@ -565,6 +568,7 @@ async def _measure(s: Settings) -> dict[str, Any]:
         "max_calls_tried": len(steps),
         "refused": refused,
         "turns": s.turns,
+        "providers": s.providers,
         "workers": s.workers,
         "headroom": s.headroom,
         "one_call": {**asdict(ref), "turns": baseline},

@@ -7,18 +7,29 @@ something else, each route answers like the vendor does on success, and a wrong 
 vendor's 401. Every request is recorded, with the TCP peer it came on, so tests can assert
 paths, headers, bodies and connection reuse. The tests use it, and ``bench realtime`` runs
 the STT -> LLM -> TTS path against it with a fixed simulated service time per request.
+
+``python -m benchmarks.vendor_standin`` runs one in a process of its own (``bench load
+--providers cloud`` does, through :func:`standin_process`, so the server it loads is measured
+without the stand-in's CPU): it prints its URL, serves until SIGTERM, then prints what it
+served as one JSON line.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import math
+import signal
+import sys
+import tempfile
 import time
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -201,9 +212,12 @@ class VendorServer:
         reply_deltas: Sequence[str] = ("Hello", " there", "! How", " can I", " help?"),
         transcript: str = "what's the weather like",
         speech_seconds: float = 0.5,
+        speech: bytes | None = None,
         delay_s: float = 0.0,
     ) -> None:
         self.reply_deltas = list(reply_deltas)
+        self.speech = speech
+        """What the OpenAI speech route says (24 kHz s16le); None: a tone of ``speech_seconds``."""
         self.delay_s = delay_s
         """Simulated service time before every answer a test did not script."""
         self.transcript = transcript
@@ -306,7 +320,8 @@ class VendorServer:
             return await self._send(request, _openai_401(), [], "")
         if body.get("response_format") != "pcm" or not body.get("input"):
             return self._violation(f"speech body must ask for pcm: {body}")
-        pcm = split(tone(self.speech_seconds, 24_000), [1001, 999, 4096, 3])
+        audio = self.speech if self.speech is not None else tone(self.speech_seconds, 24_000)
+        pcm = split(audio, [1001, 999, 4096, 3])
         return await self._send(request, self._next(SPEECH), pcm, "application/octet-stream")
 
     async def _elevenlabs(self, request: web.Request) -> web.StreamResponse:
@@ -411,3 +426,91 @@ def _openai_401() -> Reply:
         type_="invalid_request_error",
         code="invalid_api_key",
     )
+
+
+@dataclass
+class StandInProcess:
+    """A :class:`VendorServer` in a child process; ``served`` is filled when it has stopped."""
+
+    url: str
+    pid: int
+    served: dict[str, Any] = field(default_factory=dict)
+    """Requests per route, the violations, the hang-ups (its last line)."""
+
+    @property
+    def openai_base(self) -> str:
+        return f"{self.url}/v1"
+
+
+@contextlib.asynccontextmanager
+async def standin_process(
+    *, transcript: str, reply: str, speech: np.ndarray, delay_s: float
+) -> AsyncIterator[StandInProcess]:
+    """Start ``python -m benchmarks.vendor_standin`` answering every request after ``delay_s``:
+    transcriptions with ``transcript``, chat with ``reply`` word by word, speech with
+    ``speech`` (mono int16 at 24 kHz)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        audio = Path(tmp, "speech.s16le")
+        await asyncio.to_thread(audio.write_bytes, speech.astype("<i2").tobytes())
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "benchmarks.vendor_standin",
+            "--transcript",
+            transcript,
+            "--reply",
+            reply,
+            "--speech",
+            str(audio),
+            "--delay-ms",
+            str(delay_s * 1000),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        if not line.startswith(b"http://"):
+            process.kill()
+            await process.wait()
+            raise RuntimeError(f"the vendor stand-in did not start: {line!r}")
+        standin = StandInProcess(line.decode().strip(), process.pid)
+        try:
+            yield standin
+        finally:
+            if process.returncode is None:
+                process.terminate()
+            last = (await process.stdout.read()).decode().strip().splitlines()
+            await process.wait()
+            standin.served = json.loads(last[-1]) if last else {"violations": ["no summary"]}
+
+
+async def _serve_alone(args: argparse.Namespace) -> None:
+    words = args.reply.split(" ")
+    server = VendorServer(
+        reply_deltas=[w if i == 0 else " " + w for i, w in enumerate(words)],
+        transcript=args.transcript,
+        speech=args.speech.read_bytes() if args.speech else None,
+        delay_s=args.delay_ms / 1000,
+    )
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with server:
+        print(server.url, flush=True)
+        await stop.wait()
+    routes: defaultdict[str, int] = defaultdict(int)
+    for r in server.requests:
+        routes[r.route] += 1
+    served = {"requests": dict(routes), "violations": server.violations, "hangups": server.hangups}
+    print(json.dumps(served), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.vendor_standin")
+    parser.add_argument("--transcript", default="what's the weather like")
+    parser.add_argument("--reply", default="Hello there! How can I help?")
+    parser.add_argument("--speech", type=Path, default=None, help="24 kHz s16le for speech")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="before every answer")
+    asyncio.run(_serve_alone(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

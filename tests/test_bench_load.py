@@ -24,9 +24,9 @@ from benchmarks.load import (
     _measure,
     holes,
     skipped_frames,
-    step_line,
     summarize_step,
 )
+from benchmarks.load_lines import step_line
 from benchmarks.procstat import usage
 from benchmarks.server_cpu import (
     cpu_per_call_by_thread,

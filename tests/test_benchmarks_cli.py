@@ -249,6 +249,27 @@ def test_bench_load(tmp_path: Path) -> None:
     assert audio["frames"] >= 40 * 2 and audio["p50"] is not None
 
 
+def test_bench_load_cloud_providers(tmp_path: Path) -> None:
+    # The server's STT, LLM and TTS are OpenAI's, played by the vendor stand-in in a process of
+    # its own: the replies come from it (counted by the stand-in itself), the caller hears its
+    # speech, and the stand-in's CPU is read apart from the server's.
+    r = _run(tmp_path, "load", "--providers", "cloud", "--max-calls", "1", "--baseline-turns", "1")
+    assert r["providers"] == "cloud"
+    served = r["stand_in"]
+    assert served["violations"] == [] and served["service_ms"] == 100
+    # The one call alone, then the step: a transcription, a reply and its speech each.
+    for route in ("transcriptions", "chat", "speech"):
+        assert served["requests"].get(route, 0) >= 2, served
+    one = r["one_call"]
+    assert one["clean"] and one["speech_ms"] > 2000  # the stand-in's whole sentence
+    (step,) = r["steps"]
+    assert step["failed_calls"] == 0 and step["audio_holes"] == 0
+    assert step["standin_cpu_pct"] is not None and step["standin_cpu_pct"] > 0
+    speaking = step["server_cpu_by_thread_pct_per_call"]["speaking"]
+    for part in ("event-loop", "media-encode", "warp-render"):
+        assert speaking.get(part, 0) > 0, (part, speaking)
+
+
 def test_bench_synthesis(tmp_path: Path) -> None:
     # Replies beginning together on the server's pool and on a first-come pool: every reply
     # is counted, torn or not. No speed claim.
