@@ -490,6 +490,15 @@ class Microphone(MediaStreamTrack):
         first, _ = self._plays[handle]
         return self._frame_times.get(first + sample // 960)
 
+    def lag_at(self, handle: int, sample: int) -> float | None:
+        """How late (s) the frame holding ``sample`` of play ``handle`` was sent after its due
+        time (the pace is absolute: after a stall the frames due meanwhile go out at once)."""
+        sent = self.sent_at(handle, sample)
+        if sent is None or self._start is None:
+            return None
+        first, _ = self._plays[handle]
+        return sent - (self._start + (first + sample // 960) * 0.020)
+
     @property
     def busy(self) -> bool:
         return bool(self._queue)

@@ -130,6 +130,9 @@ async def _measure(turns: int, delay_ms: float, hangover_ms: int) -> dict[str, A
             "service_ms": service_ms,
             "ours_ms": summary([ms - service_ms - hangover_ms for ms in answered]),
             "vad_decision_ms": summary([v - hangover_ms for v in vad if v is not None]),
+            "mic_lag_ms": summary(
+                [r["mic_lag_ms"] for r in results[mode] if r["mic_lag_ms"] is not None]
+            ),
             "server_stages_ms": stage_table(results[mode]),
             "raw": results[mode],
         }

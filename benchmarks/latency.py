@@ -79,6 +79,7 @@ async def one_turn(
     turn = await client.wait_event(lambda e: e.get("type") == "turn", timeout=60)
     await client.wait_state("listening", timeout=30)
     speech_end = mic.sent_at(handle, voiced_end)
+    lag = mic.lag_at(handle, voiced_end)
     first = first_loud_after(client.received.audio[start:], speech_end or 0.0)
     client_ms = None if first is None or speech_end is None else (first - speech_end) * 1000
     frame_ms = None
@@ -90,6 +91,9 @@ async def one_turn(
     return {
         "client_first_audio_ms": client_ms,
         "client_first_speaking_frame_ms": frame_ms,
+        # The caller's own lateness sending the last voiced frame: the figures above count from
+        # when it was sent, and the frames due after it went out that much closer together.
+        "mic_lag_ms": None if lag is None else lag * 1000,
         "server": turn["metrics"],
     }
 
