@@ -385,7 +385,8 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     ]
     one = r["one_call"]
     print(
-        f"turns {r['turns']}, workers {r['workers'] or 'default'}, providers {r['providers']}; "
+        f"turns {r['turns']}, workers {r['workers'] or 'default'}, "
+        f"providers {r['providers'] or 'of the server at --url'}; "
         f"one call alone: reply "
         f"{one['latency_ms']:.0f} ms, speech {one['speech_ms']:.0f} ms"
     )

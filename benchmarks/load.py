@@ -492,6 +492,8 @@ async def _measure(s: Settings) -> dict[str, Any]:
     blas_on_calling_thread()
     if s.providers not in PROVIDERS:
         raise ValueError(f"providers is one of {PROVIDERS}, not {s.providers!r}")
+    if s.url is not None and s.providers != "offline":
+        raise ValueError("providers are set on the server the bench spawns, not on one at --url")
     async with contextlib.AsyncExitStack() as stack:
         standin = None
         if s.providers == "cloud" and s.url is None:
@@ -568,7 +570,7 @@ async def _measure_with(s: Settings, standin: StandInProcess | None) -> dict[str
         "max_calls_tried": len(steps),
         "refused": refused,
         "turns": s.turns,
-        "providers": s.providers,
+        "providers": s.providers if s.url is None else None,
         "workers": s.workers,
         "headroom": s.headroom,
         "one_call": {**asdict(ref), "turns": baseline},

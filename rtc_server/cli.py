@@ -306,7 +306,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except EnvError as exc:
         print(f"avatar-rtc: error: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The command is the first word that is not an option (the top level takes no values).
+    at = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
+    if at is not None and argv[at] == "bench":
+        # Everything after ``bench`` is the benchmarks' own command line, ``--help`` first
+        # included (argparse's remainder does not take an option as its first word).
+        args = parser.parse_args([*argv[:at], "bench"])
+        args.args = argv[at + 1 :]
+    else:
+        args = parser.parse_args(argv)
     configure_logging(args.verbose, getattr(args, "log_format", "text"))
     if args.command == "serve":
         return _serve(args, environ)

@@ -269,6 +269,15 @@ def test_the_servers_own_counts_are_read_from_every_workers_metrics() -> None:
     assert delay_summary(None, buckets) is None
 
 
+async def test_providers_are_refused_for_a_server_the_bench_did_not_spawn() -> None:
+    # The stand-in is wired into the server the bench starts; a running server's providers
+    # are its own, and claiming otherwise would mislabel every figure.
+    with pytest.raises(ValueError, match="not on one at --url"):
+        await _measure(Settings(url="http://127.0.0.1:9", providers="cloud"))
+    with pytest.raises(ValueError, match="providers is one of"):
+        await _measure(Settings(providers="gpu"))
+
+
 async def test_a_call_the_server_refuses_ends_the_run_and_is_reported(
     engine_factory: EngineFactory, cache_dir: Path
 ) -> None:

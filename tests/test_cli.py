@@ -201,3 +201,21 @@ def test_the_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None
     assert capsys.readouterr().out.strip() == f"avatar-rtc {rtc_server.__version__}"
     changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
     assert f"## {rtc_server.__version__} (" in changelog
+
+
+def test_bench_takes_its_own_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # ``--help`` straight after ``bench`` is the benchmarks' help, not an unknown argument of
+    # the top level; a value that happens to read "bench" is not the bench command.
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: avatar-rtc bench") and "load" in out and "synthesis" in out
+    with pytest.raises(SystemExit) as stop:
+        main(["-v", "bench", "load", "--help"])
+    assert stop.value.code == 0
+    assert "--providers" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--system-prompt", "bench", "--help"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: avatar-rtc serve")
