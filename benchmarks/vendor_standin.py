@@ -480,7 +480,17 @@ async def standin_process(
                 process.terminate()
             last = (await process.stdout.read()).decode().strip().splitlines()
             await process.wait()
-            standin.served = json.loads(last[-1]) if last else {"violations": ["no summary"]}
+            standin.served = _summary(last[-1] if last else "", process.returncode)
+
+
+def _summary(line: str, returncode: int | None) -> dict[str, Any]:
+    """The stand-in's last line, or a violation saying it ended without one (it crashed)."""
+    try:
+        served: dict[str, Any] = json.loads(line)
+    except ValueError:
+        why = f"the stand-in ended (exit {returncode}) without its summary: {line[:200]!r}"
+        return {"requests": {}, "violations": [why], "hangups": 0}
+    return served
 
 
 async def _serve_alone(args: argparse.Namespace) -> None:

@@ -34,6 +34,7 @@ from benchmarks.server_cpu import (
     speaking_cpu_pct_per_call,
 )
 from benchmarks.server_readings import delay_summary, server_delay_buckets, server_late_counts
+from benchmarks.vendor_standin import standin_process
 from rtc_server.engine_factory import EngineFactory
 from tests.conftest import start_server
 
@@ -296,3 +297,16 @@ async def test_a_call_the_server_refuses_ends_the_run_and_is_reported(
     schema = json.loads((Path(__file__).parents[1] / "benchmarks" / "schema.json").read_text())
     load = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": "#/$defs/load"}
     jsonschema.validate(json.loads(json.dumps(r, default=float)), load)
+
+
+async def test_a_stand_in_that_dies_is_reported_not_hidden() -> None:
+    # Killed mid-run, the stand-in prints no summary: the run's record says so (a violation),
+    # instead of an empty count that would read as "nothing went wrong".
+    speech = np.zeros(2400, np.int16)
+    async with standin_process(transcript="hi", reply="Hello.", speech=speech, delay_s=0) as s:
+        os.kill(s.pid, 9)
+    assert s.served["requests"] == {}
+    assert "without its summary" in s.served["violations"][0]
+    async with standin_process(transcript="hi", reply="Hello.", speech=speech, delay_s=0) as s:
+        pass
+    assert s.served == {"requests": {}, "violations": [], "hangups": 0}
