@@ -486,18 +486,24 @@ class Microphone(MediaStreamTrack):
         self._plays.append((first, len(pcm)))
         return len(self._plays) - 1
 
-    def sent_at(self, handle: int, sample: int) -> float | None:
+    def _frame_of(self, handle: int, sample: int) -> int:
+        """The frame holding ``sample`` of play ``handle``."""
         first, _ = self._plays[handle]
-        return self._frame_times.get(first + sample // 960)
+        return first + sample // 960
+
+    def _due(self, index: int) -> float:
+        assert self._start is not None
+        return self._start + index * 0.020
+
+    def sent_at(self, handle: int, sample: int) -> float | None:
+        return self._frame_times.get(self._frame_of(handle, sample))
 
     def lag_at(self, handle: int, sample: int) -> float | None:
         """How late (s) the frame holding ``sample`` of play ``handle`` was sent after its due
         time (the pace is absolute: after a stall the frames due meanwhile go out at once)."""
-        sent = self.sent_at(handle, sample)
-        if sent is None or self._start is None:
-            return None
-        first, _ = self._plays[handle]
-        return sent - (self._start + (first + sample // 960) * 0.020)
+        index = self._frame_of(handle, sample)
+        sent = self._frame_times.get(index)
+        return None if sent is None else sent - self._due(index)
 
     @property
     def busy(self) -> bool:
@@ -509,8 +515,7 @@ class Microphone(MediaStreamTrack):
             raise MediaStreamError
         if self._start is None:
             self._start = time.monotonic()
-        due = self._start + self._index * 0.020
-        delay = due - time.monotonic()
+        delay = self._due(self._index) - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         pcm = self._queue.pop(0) if self._queue else _SILENT_FRAME

@@ -496,7 +496,7 @@ async def _measure(s: Settings) -> dict[str, Any]:
         raise ValueError("providers are set on the server the bench spawns, not on one at --url")
     async with contextlib.AsyncExitStack() as stack:
         standin = None
-        if s.providers == "cloud" and s.url is None:
+        if s.providers == "cloud":  # on the server the bench spawns (checked above)
             standin = await stack.enter_async_context(
                 standin_process(
                     transcript=QUESTIONS[1],
