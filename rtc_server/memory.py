@@ -9,6 +9,15 @@ Two things keep a process's memory up after its calls have ended:
   up to 250 MB in a soak. A full collection takes 70-170 ms on the 2-core development
   machine, too long to stall calls in progress (a video frame is 40 ms), so it runs only
   when the last call has ended.
+
+  Python also starts full collections of its own, whenever the objects that survived younger
+  collections grow by a quarter: with eight calls on the development machine one came every
+  minute or two and held every thread of the process for 50-110 ms (measured with
+  ``gc.callbacks``), long enough to make the callers hear holes. So once the models are in,
+  :func:`freeze_startup_objects` moves everything alive then (modules, models, the avatar) out
+  of the collector's reach: they live as long as the process anyway, and a full collection
+  then walks only what calls made. :class:`CollectorPauses` times every collection
+  (``avatar_rtc_gc_pause_seconds``).
 - **glibc's arenas.** malloc keeps freed memory in per-thread arenas (aiortc's encoder
   threads, VAD, TTS, onnxruntime) and returns only what lies at the top of a heap, so the
   high-water mark of a burst of calls stays, and fragmentation ratchets it up: RSS grew by
@@ -23,10 +32,12 @@ Two things keep a process's memory up after its calls have ended:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 
@@ -43,6 +54,45 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 MALLOC_TRIM = _malloc_trim()
 M_ARENA_MAX = -8  # glibc's mallopt() parameter number
+
+
+def freeze_startup_objects() -> int:
+    """Collect, then make every object alive now permanent for the collector (``gc.freeze``).
+
+    Call once the server has loaded what it keeps for its lifetime; returns how many objects
+    are frozen. Later full collections no longer walk them (see the module docstring).
+    """
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    logger.info("%d start-up objects moved out of the garbage collector's reach", frozen)
+    return frozen
+
+
+class CollectorPauses:
+    """Times each collection of Python's garbage collector and hands it to ``observe``
+    (generation, seconds), as a ``with`` block's ``gc.callbacks`` entry. Every thread of the
+    process waits for a collection (it holds the GIL, and collections never overlap); it runs
+    in the thread that triggered it, so ``observe`` must be thread-safe."""
+
+    def __init__(self, observe: Callable[[int, float], None]) -> None:
+        self._observe = observe
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            started, self._started = self._started, None
+            self._observe(info.get("generation", 2), time.perf_counter() - started)
+
+    def __enter__(self) -> CollectorPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self)
 
 
 def limit_arenas(count: int = 2) -> bool:

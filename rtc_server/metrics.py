@@ -50,6 +50,14 @@ class Metrics:
             buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.04, 0.08),
             registry=self.registry,
         )
+        self.gc_pause = Histogram(
+            "avatar_rtc_gc_pause_seconds",
+            "How long each run of Python's garbage collector held the process (every call's "
+            "threads wait for it), by generation.",
+            ["generation"],
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16),
+            registry=self.registry,
+        )
         self.frame_delay = Histogram(
             "avatar_rtc_frame_send_delay_seconds",
             "How long after it was due a frame's packets left, by track (audio: its media "
