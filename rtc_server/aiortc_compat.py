@@ -11,7 +11,8 @@ What is read: the candidate pair ICE nominated (:func:`selected_candidate_pair`)
 rewritten: the sender reports' NTP times, from the call's clock (:func:`stamp_sender_reports`).
 What is process-wide, because aioice has no per-connection hook: the host addresses ICE
 gathers (:func:`restrict_host_addresses`), aiortc's audio-level function
-(:func:`use_fast_audio_level`, the same result, faster), and a look at every datagram ICE
+(:func:`use_fast_audio_level`, the same result, faster), its NTP clock (:func:`use_fast_ntp_clock`,
+likewise), and a look at every datagram ICE
 receives for the connections a benchmark watches (:func:`observe_datagrams`).
 """
 
@@ -40,6 +41,7 @@ from aiortc import (
     RTCRtpTransceiver,
     rtp,
 )
+from aiortc import clock as aiortc_clock
 from aiortc.codecs.base import Encoder
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcrtpsender import RTCEncodedFrame
@@ -83,6 +85,7 @@ __all__ = [
     "set_receiver_jitter_buffer",
     "set_sender_encoder",
     "use_fast_audio_level",
+    "use_fast_ntp_clock",
 ]
 
 
@@ -333,6 +336,20 @@ def _first_report(sender: RTCRtpSender, rtp_timestamp: int) -> Any:
             octet_count=sender._RTCRtpSender__octet_count & 0xFFFFFFFF,  # type: ignore[attr-defined]
         ),
     )
+
+
+def ntp_time_now() -> int:
+    """``aiortc.clock.current_ntp_time`` without datetime arithmetic: the same 64-bit NTP
+    time of the wall clock, to the nanosecond before the fraction is truncated."""
+    seconds, ns = divmod(time.time_ns(), 1_000_000_000)
+    return ((seconds + NTP_EPOCH_OFFSET_S) << 32 | (ns << 32) // 1_000_000_000) & 0xFFFFFFFFFFFFFFFF
+
+
+def use_fast_ntp_clock() -> None:
+    """Have aiortc read the NTP time with :func:`ntp_time_now`: every sender asks for it for
+    each packet's abs-send-time and each frame's next report, which through ``datetime`` was
+    3 % of the event loop's time with eight calls speaking."""
+    aiortc_clock.current_ntp_time = ntp_time_now
 
 
 def use_fast_audio_level() -> None:

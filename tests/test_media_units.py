@@ -222,6 +222,23 @@ def test_the_numpy_audio_level_is_aiortcs() -> None:
         assert audio_level_dbov(frame) == original(frame), scale
 
 
+def test_the_fast_ntp_clock_reads_aiortcs_time_and_reaches_its_senders() -> None:
+    import inspect
+
+    from aiortc import clock
+    from aiortc.rtcrtpsender import RTCRtpSender
+
+    from rtc_server.aiortc_compat import ntp_time_now, use_fast_ntp_clock
+
+    theirs = clock.datetime_to_ntp(clock.current_datetime())
+    ours = ntp_time_now()
+    assert 0 <= ours - theirs < int(0.05 * 2**32), (ours - theirs) / 2**32
+    use_fast_ntp_clock()
+    assert clock.current_ntp_time is ntp_time_now
+    # The senders look it up in aiortc's clock module at each packet, so the swap reaches them.
+    assert "clock.current_ntp_time()" in inspect.getsource(RTCRtpSender._run_rtp)
+
+
 def test_aiortc_still_takes_a_senders_encoded_frames_as_send_encoded_audio_assumes() -> None:
     """send_encoded_audio replaces one sender's ``_next_encoded_frame(codec)``, which aiortc's
     RTP loop awaits for an ``RTCEncodedFrame(payloads, timestamp, audio_level)``."""

@@ -94,7 +94,9 @@ class ReplyOpusEncoder(Encoder):
         return EncodedAudio(payload, pts, level)
 
     def _payload(self, samples: np.ndarray) -> bytes:
-        silent = not samples.any()
+        # count_nonzero, not any(): for an array this size any() lets go of the GIL and has
+        # to wait to take it back from the render and encode threads, on the event loop.
+        silent = not np.count_nonzero(samples)
         self._silent_run = self._silent_run + 1 if silent else 0
         if silent and self._silence is not None and self._silent_run > self._warmup:
             self.replayed += 1

@@ -441,9 +441,11 @@ class AVScheduler:
         passed = min(self._position.values())
         # A consumer that stopped asking must not hold units forever: keep 30 s at most.
         passed = max(passed, self._next_unit - MAX_HISTORY_S * self.fps)
-        for old in [i for i in self._units if i < passed]:
-            del self._units[old]
-        if len(self._units) > 2 * self.fps and "video" in self._position:
+        units = self._units
+        # Units are added in order of their instants: the passed ones are the first.
+        while units and (first := next(iter(units))) < passed:
+            del units[first]
+        if len(units) > 2 * self.fps and "video" in self._position:
             # Audio lags far behind (an overloaded sender): keep its sound, not the images.
             video = self._position["video"]
             last = self._last_image
