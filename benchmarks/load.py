@@ -39,13 +39,7 @@ from benchmarks.server_cpu import (
     speaking_cpu_by_thread,
     speaking_cpu_pct_per_call,
 )
-from benchmarks.server_readings import (
-    delay_summary,
-    late_delta,
-    server_delay_buckets,
-    server_late_counts,
-    server_metrics,
-)
+from benchmarks.server_readings import server_metrics, step_readings
 from benchmarks.vendor_standin import OPENAI_KEY, StandInProcess, standin_process
 from rtc_server.cpu_priority import blas_on_calling_thread
 from rtc_server.providers.openai_tts import OPENAI_PCM_RATE
@@ -306,6 +300,7 @@ def summarize_step(
     client_lags_ms: list[float] | None = None,
     server_delays_ms: dict[str, dict[str, float | int | None] | None] | None = None,
     read: list[np.ndarray] | None = None,
+    server_gc: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One row of the table: per-call figures, the step's worst, and whether it was smooth.
 
@@ -317,7 +312,8 @@ def summarize_step(
     the server's own count of instants it held or dropped during the step; ``client_lags_ms``
     how late the callers' own event loop woke during the turns; ``server_delays_ms`` how long
     after their instants the server's frames left, by its own histogram, per track ("video",
-    "audio"; :func:`delay_summary`).
+    "audio"; :func:`delay_summary`); ``server_gc`` its garbage collections
+    (:func:`~benchmarks.server_readings.gc_pauses`).
     """
     sent = sent if sent is not None else [np.zeros(0) for _ in intervals]
     read = read if read is not None else [np.zeros(0) for _ in intervals]
@@ -369,6 +365,7 @@ def summarize_step(
         "server_frames_late": server_late,
         "server_video_delay_ms": (server_delays_ms or {}).get("video"),
         "server_audio_delay_ms": (server_delays_ms or {}).get("audio"),
+        "server_gc": server_gc,
         "client_loop_lag_ms": {"p99": lag.get("p99"), "max": lag.get("max")},
         "audio_holes": hole_count,
         "stretch_ms": summary(stretches),
@@ -441,13 +438,7 @@ async def _step(
         sent.append(np.diff(np.array([r for _, r, _ in frames], np.int64)) * 1000 / VIDEO_CLOCK_HZ)
         read.append(np.diff([seen for _, _, seen in frames]) * 1000)
     metrics_after = await server_metrics(url)
-    late = late_delta(server_late_counts(metrics_before), server_late_counts(metrics_after))
-    delays = {
-        kind: delay_summary(
-            server_delay_buckets(metrics_before, kind), server_delay_buckets(metrics_after, kind)
-        )
-        for kind in ("video", "audio")
-    }
+    server = step_readings(metrics_before, metrics_after)
     idle_by_thread = cpu_per_call_by_thread(threads0, threads1, idle_end - started, n)
     speech_spans = [a.speech for a in answers if a.speech is not None]
     cpu: dict[str, Any] = {
@@ -481,7 +472,19 @@ async def _step(
     for (client, _), a in zip(callers, answers, strict=True):
         if a.failed:
             await _settle(client)
-    return summarize_step(n, answers, intervals, ref, cpu, sent, late, lags, delays, read)
+    return summarize_step(
+        n,
+        answers,
+        intervals,
+        ref,
+        cpu,
+        sent,
+        server["late"],
+        lags,
+        server["delays"],
+        read,
+        server["gc"],
+    )
 
 
 async def _measure(s: Settings) -> dict[str, Any]:

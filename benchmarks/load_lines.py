@@ -33,7 +33,9 @@ def step_line(step: dict[str, Any]) -> str:
         f"sent p99 {f(step['sent_interval_ms']['p99'])}, "
         f"{step['frames_skipped']} skipped; callers' loop lag p99 "
         f"{f(step['client_loop_lag_ms']['p99'])}; server's frames out p99 <= "
-        f"{f((step.get('server_video_delay_ms') or {}).get('p99'))} ms late), "
+        f"{f((step.get('server_video_delay_ms') or {}).get('p99'))} ms late"
+        + _gc_part(step.get("server_gc"))
+        + "), "
         f"{step['audio_holes']} hole(s), reply max "
         f"{f(step['latency_ms'].get('max'))} ms, server CPU/call idle "
         f"{f(step['server_cpu_idle_pct_per_call'], '.1f')} % speaking "
@@ -55,3 +57,11 @@ SHOWN_STAGES = ("vad_end", "stt", "llm_first_token", "tts_first_audio", "engine_
 def _stages_line(stages: dict[str, float]) -> str:
     shown = [f"{n} {stages[n + '_ms']:.0f}" for n in SHOWN_STAGES if n + "_ms" in stages]
     return f"\n      slowest reply, server's stages (ms): {', '.join(shown)}" if shown else ""
+
+
+def _gc_part(gc: dict[str, Any] | None) -> str:
+    """The server's garbage collections during the step, or nothing when it did not say."""
+    if not gc:
+        return ""
+    longest = "-" if gc["longest_ms"] is None else f"{gc['longest_ms']:g}"
+    return f"; its GC ran {gc['collections']} time(s), {gc['full']} full, longest <= {longest} ms"

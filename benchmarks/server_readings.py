@@ -1,9 +1,11 @@
 """What a server says of itself during a benchmark: its ``/metrics`` text, and the figures read
-from it (frames held or dropped, how late frames left by the server's own histogram)."""
+from it (frames held or dropped, how late frames left by the server's own histogram, how long
+its garbage collector held it)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 
@@ -75,3 +77,47 @@ def late_delta(
     if before is None or after is None:
         return None
     return {k: after[k] - before[k] for k in after}
+
+
+def gc_pauses(before: str | None, after: str | None) -> dict[str, Any] | None:
+    """``avatar_rtc_gc_pause_seconds`` between two /metrics texts, summed over workers: how
+    many collections ran, how many of them full (generation 2), and the bucket bound (ms) the
+    longest fell under (None past the last bound). None without both texts."""
+    if before is None or after is None:
+        return None
+
+    def buckets(text: str) -> tuple[dict[float, float], float]:
+        out: dict[float, float] = {}
+        full = 0.0
+        for labels, value in _samples(text, "avatar_rtc_gc_pause_seconds_bucket"):
+            bound = float(labels["le"])
+            out[bound] = out.get(bound, 0.0) + value
+            if labels.get("generation") == "2" and bound == float("inf"):
+                full += value
+        return out, full
+
+    (b0, full0), (b1, full1) = buckets(before), buckets(after)
+    counts = {bound: b1[bound] - b0.get(bound, 0.0) for bound in sorted(b1)}
+    total = counts.get(float("inf"), 0.0)
+    longest = next((b for b, c in counts.items() if c >= total), None) if total else 0.0
+    return {
+        "collections": int(total),
+        "full": int(full1 - full0),
+        "longest_ms": None if longest is None or longest == float("inf") else longest * 1000,
+    }
+
+
+def step_readings(before: str | None, after: str | None) -> dict[str, Any]:
+    """What the server said of one step, from its /metrics before and after: ``late`` (video
+    instants held or dropped), ``delays`` (how late frames left, by track: :func:`delay_summary`)
+    and ``gc`` (:func:`gc_pauses`)."""
+    return {
+        "late": late_delta(server_late_counts(before), server_late_counts(after)),
+        "delays": {
+            kind: delay_summary(
+                server_delay_buckets(before, kind), server_delay_buckets(after, kind)
+            )
+            for kind in ("video", "audio")
+        },
+        "gc": gc_pauses(before, after),
+    }

@@ -33,7 +33,12 @@ from benchmarks.server_cpu import (
     speaking_cpu_by_thread,
     speaking_cpu_pct_per_call,
 )
-from benchmarks.server_readings import delay_summary, server_delay_buckets, server_late_counts
+from benchmarks.server_readings import (
+    delay_summary,
+    gc_pauses,
+    server_delay_buckets,
+    server_late_counts,
+)
 from benchmarks.vendor_standin import standin_process
 from rtc_server.engine_factory import EngineFactory
 from tests.conftest import start_server
@@ -268,6 +273,33 @@ def test_the_servers_own_counts_are_read_from_every_workers_metrics() -> None:
     assert delay_summary(before, buckets) == {"frames": 100, "p50": 10.0, "p99": None}
     assert delay_summary({}, buckets) == {"frames": 200, "p50": 10.0, "p99": 40.0}
     assert delay_summary(None, buckets) is None
+
+
+def _gc_metrics(young: tuple[float, float, float], full: tuple[float, float, float]) -> str:
+    """One worker's avatar_rtc_gc_pause_seconds buckets (<= 10 ms, <= 160 ms, all), by
+    generation 0 and 2."""
+    lines = []
+    for gen, counts in (("0", young), ("2", full)):
+        for bound, count in zip(("0.01", "0.16", "+Inf"), counts, strict=True):
+            lines.append(
+                f'avatar_rtc_gc_pause_seconds_bucket{{generation="{gen}",le="{bound}"}} {count}'
+            )
+    return "\n".join(lines) + "\n"
+
+
+def test_the_servers_collector_pauses_over_a_step_are_counted_from_every_worker() -> None:
+    before = _gc_metrics((50, 50, 50), (1, 1, 1)) + _gc_metrics((40, 40, 40), (0, 0, 0))
+    # Since: worker 1 ran 10 young collections and a full one of 10-160 ms, worker 2 five.
+    after = _gc_metrics((60, 60, 60), (1, 2, 2)) + _gc_metrics((45, 45, 45), (0, 0, 0))
+    assert gc_pauses(before, after) == {"collections": 16, "full": 1, "longest_ms": 160.0}
+    # A pause past the last bound has no bound to report.
+    later = _gc_metrics((60, 60, 60), (1, 2, 3)) + _gc_metrics((45, 45, 45), (0, 0, 0))
+    assert gc_pauses(after, later) == {"collections": 1, "full": 1, "longest_ms": None}
+    assert gc_pauses(after, after) == {"collections": 0, "full": 0, "longest_ms": 0.0}
+    assert gc_pauses(None, after) is None
+    step = {**_step([_answer(600.0)]), **dict.fromkeys(CPU_FIGURES, 10.0)}
+    step["server_gc"] = gc_pauses(before, after)
+    assert "its GC ran 16 time(s), 1 full, longest <= 160 ms" in step_line(step)
 
 
 async def test_providers_are_refused_for_a_server_the_bench_did_not_spawn() -> None:
