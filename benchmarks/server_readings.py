@@ -82,7 +82,8 @@ def late_delta(
 def gc_pauses(before: str | None, after: str | None) -> dict[str, Any] | None:
     """``avatar_rtc_gc_pause_seconds`` between two /metrics texts, summed over workers: how
     many collections ran, how many of them full (generation 2), and the bucket bound (ms) the
-    longest fell under (None past the last bound). None without both texts."""
+    longest fell under (None past the last bound). None without both texts, and from a server
+    that does not report its collector."""
     if before is None or after is None:
         return None
 
@@ -97,6 +98,8 @@ def gc_pauses(before: str | None, after: str | None) -> dict[str, Any] | None:
         return out, full
 
     (b0, full0), (b1, full1) = buckets(before), buckets(after)
+    if not b1:
+        return None  # a server that does not time its collector (an older one)
     counts = {bound: b1[bound] - b0.get(bound, 0.0) for bound in sorted(b1)}
     total = counts.get(float("inf"), 0.0)
     longest = next((b for b, c in counts.items() if c >= total), None) if total else 0.0

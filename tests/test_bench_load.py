@@ -297,6 +297,7 @@ def test_the_servers_collector_pauses_over_a_step_are_counted_from_every_worker(
     assert gc_pauses(after, later) == {"collections": 1, "full": 1, "longest_ms": None}
     assert gc_pauses(after, after) == {"collections": 0, "full": 0, "longest_ms": 0.0}
     assert gc_pauses(None, after) is None
+    assert gc_pauses(METRICS_OF_TWO_WORKERS, METRICS_OF_TWO_WORKERS) is None, "not reported: no 0"
     step = {**_step([_answer(600.0)]), **dict.fromkeys(CPU_FIGURES, 10.0)}
     step["server_gc"] = gc_pauses(before, after)
     assert "its GC ran 16 time(s), 1 full, longest <= 160 ms" in step_line(step)
