@@ -16,7 +16,9 @@ Two things keep a process's memory up after its calls have ended:
   ``gc.callbacks``), long enough to make the callers hear holes. So once the models are in,
   :func:`freeze_startup_objects` moves everything alive then (modules, models, the avatar) out
   of the collector's reach: they live as long as the process anyway, and a full collection
-  then walks only what calls made. :class:`CollectorPauses` times every collection
+  then walks only what calls made (12-35 thousand objects with eight calls, where there were
+  190,000; ``bench load`` at one to eight calls then saw no full collection during its steps,
+  and none of any generation past 10 ms). :class:`CollectorPauses` times every collection
   (``avatar_rtc_gc_pause_seconds``).
 - **glibc's arenas.** malloc keeps freed memory in per-thread arenas (aiortc's encoder
   threads, VAD, TTS, onnxruntime) and returns only what lies at the top of a heap, so the
