@@ -461,6 +461,8 @@ def create_app(
     app[METRICS] = metrics
     app[MANAGER] = manager
     loader = engine_loader or (lambda: load_engine_factory(config))
+    collections_timed = CollectorPauses()
+    """The garbage collector's pauses, recorded into the metrics at each scrape."""
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         # One connection pool for every cloud provider request of every call.
@@ -468,7 +470,7 @@ def create_app(
         loading = asyncio.ensure_future(manager.load(loader, http))
         app[LOADING] = loading
         manager.headroom.start(manager.speech_totals)
-        with CollectorPauses(lambda gen, s: metrics.gc_pause.labels(str(gen)).observe(s)):
+        with collections_timed:
             yield
         await manager.headroom.aclose()
         loading.cancel()
@@ -521,6 +523,7 @@ def create_app(
 
     async def metrics_route(request: web.Request) -> web.Response:
         metrics.observe_load(manager.headroom)
+        collections_timed.drain(metrics.observe_gc_pause)
         return web.Response(
             body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

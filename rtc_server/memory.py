@@ -34,6 +34,7 @@ Two things keep a process's memory up after its calls have ended:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import gc
@@ -72,21 +73,39 @@ def freeze_startup_objects() -> int:
 
 
 class CollectorPauses:
-    """Times each collection of Python's garbage collector and hands it to ``observe``
-    (generation, seconds), as a ``with`` block's ``gc.callbacks`` entry. Every thread of the
-    process waits for a collection (it holds the GIL, and collections never overlap); it runs
-    in the thread that triggered it, so ``observe`` must be thread-safe."""
+    """Times each collection of Python's garbage collector while installed (a ``with`` block
+    puts it in ``gc.callbacks``); :meth:`drain` hands over what it timed.
 
-    def __init__(self, observe: Callable[[int, float], None]) -> None:
-        self._observe = observe
+    Every thread of the process waits for a collection: it holds the GIL, and collections
+    never overlap. The callback only appends to a deque and takes no lock: a collection can
+    start in any thread at any allocation, also in one that holds the lock a metrics library
+    takes to record it (prometheus_client copies its children under its lock when scraped),
+    and a callback that waited for that lock would wait for ever.
+    """
+
+    def __init__(self, keep: int = 10_000) -> None:
         self._started: float | None = None
+        self._timed: collections.deque[tuple[int, float]] = collections.deque(maxlen=keep)
+        """(generation, seconds) of each collection not yet drained; the oldest go first."""
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
         elif self._started is not None:
             started, self._started = self._started, None
-            self._observe(info.get("generation", 2), time.perf_counter() - started)
+            self._timed.append((info.get("generation", 2), time.perf_counter() - started))
+
+    def drain(self, observe: Callable[[int, float], None]) -> int:
+        """Hand each collection timed since the last drain to ``observe`` (generation,
+        seconds), oldest first; returns how many."""
+        count = 0
+        while True:
+            try:
+                generation, seconds = self._timed.popleft()
+            except IndexError:
+                return count
+            observe(generation, seconds)
+            count += 1
 
     def __enter__(self) -> CollectorPauses:
         gc.callbacks.append(self)

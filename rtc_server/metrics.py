@@ -113,6 +113,9 @@ class Metrics:
             registry=self.registry,
         )
 
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        self.gc_pause.labels(str(generation)).observe(seconds)
+
     def observe_load(self, headroom: Headroom) -> None:
         """Set the load gauges from what ``headroom`` measured."""
         self.loop_lag.set(headroom.loop_lag_s)
