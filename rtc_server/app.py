@@ -42,7 +42,6 @@ from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.memory import (
     CollectorPauses,
     MemoryReleaser,
-    freeze_startup_objects,
     limit_arenas,
 )
 from rtc_server.metrics import Metrics
@@ -163,9 +162,6 @@ class SessionManager:
             realtime=chosen.realtime,
             end_of_turn=end_of_turn,
         )
-        # What is loaded now lives as long as the process: out of the collector's full runs,
-        # which would otherwise stall every call for 50-110 ms (rtc_server/memory.py).
-        freeze_startup_objects()
         logger.info("ready: engine %s", self.engine_factory.name)
 
     async def create_session(self, offer: Offer) -> Answer:

@@ -13,12 +13,13 @@ Two things keep a process's memory up after its calls have ended:
   Python also starts full collections of its own, whenever the objects that survived younger
   collections grow by a quarter: with eight calls on the development machine one came every
   minute or two and held every thread of the process for 50-110 ms (measured with
-  ``gc.callbacks``), long enough to make the callers hear holes. So once the models are in,
-  :func:`freeze_startup_objects` moves everything alive then (modules, models, the avatar) out
-  of the collector's reach: they live as long as the process anyway, and a full collection
-  then walks only what calls made (12-35 thousand objects with eight calls, where there were
-  190,000; ``bench load`` at one to eight calls then saw no full collection during its steps,
-  and none of any generation past 10 ms). :class:`CollectorPauses` times every collection
+  ``gc.callbacks``), long enough to make the callers hear holes. :func:`freeze_startup_objects`
+  moves everything alive out of the collector's reach, so that a full collection walks only
+  what calls made (12-35 thousand objects with eight calls, where there were 190,000; in
+  ``bench load`` at one to eight calls no full collection then fell inside a step). It is not
+  called by the server yet: with it at every server start, the test suite's process (many
+  servers, one after another) failed a real-time test in 2 of 3 clean runs, which is to be
+  understood first. :class:`CollectorPauses` times every collection
   (``avatar_rtc_gc_pause_seconds``).
 - **glibc's arenas.** malloc keeps freed memory in per-thread arenas (aiortc's encoder
   threads, VAD, TTS, onnxruntime) and returns only what lies at the top of a heap, so the

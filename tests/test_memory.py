@@ -61,10 +61,7 @@ def test_frozen_objects_are_left_out_of_collections_and_new_ones_are_not() -> No
         gc.unfreeze()
 
 
-async def test_a_ready_server_froze_its_start_up_and_reports_collector_pauses(
-    live_server: LiveServer,
-) -> None:
-    assert gc.get_freeze_count() > 0, "the server did not freeze what it loaded"
+async def test_a_live_server_reports_its_collector_pauses(live_server: LiveServer) -> None:
     gc.collect(0)
     async with aiohttp.ClientSession() as http:
         async with http.get(live_server.url + "/metrics") as resp:
