@@ -42,6 +42,7 @@ from rtc_server.media.resilient_engine import ResilientEngine
 from rtc_server.memory import (
     CollectorPauses,
     MemoryReleaser,
+    freeze_startup_objects,
     limit_arenas,
 )
 from rtc_server.metrics import Metrics
@@ -74,8 +75,13 @@ class SessionManager:
         config: ServerConfig,
         metrics: Metrics,
         executor: Executor,
+        *,
+        freeze_when_loaded: bool = False,
     ) -> None:
         self.config = config
+        self.freeze_when_loaded = freeze_when_loaded
+        """Move what loading made out of the collector's reach (rtc_server/memory.py): for the
+        process's one server, not for one of many in a process (the tests')."""
         self.metrics = metrics
         self.executor = executor
         self.sessions: dict[str, AvatarSession] = {}
@@ -162,6 +168,9 @@ class SessionManager:
             realtime=chosen.realtime,
             end_of_turn=end_of_turn,
         )
+        if self.freeze_when_loaded:
+            # Before ready: the collection inside takes ~100 ms, which no call must wait for.
+            self.metrics.gc_frozen.set(freeze_startup_objects())
         logger.info("ready: engine %s", self.engine_factory.name)
 
     async def create_session(self, offer: Offer) -> Answer:
@@ -429,11 +438,14 @@ def create_app(
     *,
     engine_loader: Callable[[], EngineFactory] | None = None,
     behind_front: bool = False,
+    owns_process: bool = False,
 ) -> web.Application:
     """Build the application; models load in the background and /readyz says when they are in.
 
     ``behind_front``: a worker of ``--workers``, which only the front reaches; the front has
-    told the client, scheme and host apart and refused unknown hosts."""
+    told the client, scheme and host apart and refused unknown hosts.
+    ``owns_process``: the only server of its process (``serve``, a worker), which may then
+    freeze what it loaded for the garbage collector (rtc_server/memory.py)."""
     use_fast_audio_level()
     use_fast_ntp_clock()
     restrict_host_addresses(config.media.ice_addresses)
@@ -453,7 +465,7 @@ def create_app(
     # Reply speech (synthesis, its resampling and mouth timing) and the model loads, the most
     # pressing first (a playing reply's next piece before replies yet to begin).
     executor = DeadlinePool(2, thread_name_prefix="avatar-rtc", initializer=namer("reply-speech"))
-    manager = SessionManager(config, metrics, executor)
+    manager = SessionManager(config, metrics, executor, freeze_when_loaded=owns_process)
     app[METRICS] = metrics
     app[MANAGER] = manager
     loader = engine_loader or (lambda: load_engine_factory(config))

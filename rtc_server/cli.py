@@ -143,7 +143,7 @@ def _serve_alone(config: ServerConfig) -> int:
         return 2
     ssl_context = server_ssl_context(config)
     quiet_telemetry()
-    app = create_app(config, engine_loader=lambda: factory)
+    app = create_app(config, engine_loader=lambda: factory, owns_process=True)
     scheme = "https" if ssl_context else "http"
     url = f"{scheme}://{config.server.host}:{config.server.port}"
     # SIGTERM drains: no new calls, running ones go on up to --drain-timeout-s, then exit 0.

@@ -16,10 +16,12 @@ Two things keep a process's memory up after its calls have ended:
   ``gc.callbacks``), long enough to make the callers hear holes. :func:`freeze_startup_objects`
   moves everything alive out of the collector's reach, so that a full collection walks only
   what calls made (12-35 thousand objects with eight calls, where there were 190,000; in
-  ``bench load`` at one to eight calls no full collection then fell inside a step). It is not
-  called by the server yet: with it at every server start, the test suite's process (many
-  servers, one after another) failed a real-time test in 2 of 3 clean runs, which is to be
-  understood first. :class:`CollectorPauses` times every collection
+  ``bench load`` at one to eight calls no full collection then fell inside a step). A server
+  that owns its process (``avatar-rtc serve``, each worker of ``--workers``) calls it once,
+  when its models are in and before it takes calls; servers built many to a process (the
+  tests') do not: there each freeze would also make permanent whatever earlier servers left
+  behind (with one at every server start, 2 of 3 clean runs of the suite failed a real-time
+  test). :class:`CollectorPauses` times every collection
   (``avatar_rtc_gc_pause_seconds``).
 - **glibc's arenas.** malloc keeps freed memory in per-thread arenas (aiortc's encoder
   threads, VAD, TTS, onnxruntime) and returns only what lies at the top of a heap, so the

@@ -58,6 +58,12 @@ class Metrics:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16),
             registry=self.registry,
         )
+        self.gc_frozen = Gauge(
+            "avatar_rtc_gc_frozen_objects",
+            "Objects loaded at start-up and moved out of the garbage collector's reach (its "
+            "full runs walk only what calls made); 0 where the process did not freeze them.",
+            registry=self.registry,
+        )
         self.frame_delay = Histogram(
             "avatar_rtc_frame_send_delay_seconds",
             "How long after it was due a frame's packets left, by track (audio: its media "

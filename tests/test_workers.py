@@ -538,6 +538,9 @@ async def test_metrics_and_readiness_details_on_a_listener_of_their_own(
             async with http.get(internal + "/metrics") as resp:
                 assert resp.status == 200
                 assert "avatar_rtc_sessions" in await resp.text()
+        # Each process that serves calls froze what it loaded (rtc_server/memory.py).
+        frozen = await _metric(internal, "avatar_rtc_gc_frozen_objects")
+        assert len(frozen) == int(workers) and all(n > 10_000 for n in frozen.values()), frozen
         status, details, _ = await _get(internal + "/readyz")
         assert status == 200 and details["status"] == "ready" and len(details) > 1, details
         if workers == "2":
