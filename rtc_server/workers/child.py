@@ -136,9 +136,7 @@ def main() -> int:
         cert_file=None,
         key_file=None,
     )
-    app = create_app(
-        config, engine_loader=lambda: factory, behind_front=True, owns_process=True
-    )
+    app = create_app(config, engine_loader=lambda: factory, behind_front=True, owns_process=True)
     add_worker_parts(app, spec.parent_pid, spec.secret, config.server.drain_timeout_s)
     asyncio.run(serve(app, path=spec.socket_path, drain_timeout_s=config.server.drain_timeout_s))
     return 0
