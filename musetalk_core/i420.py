@@ -12,7 +12,9 @@ chroma sample the mean of its 2x2 block.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -20,7 +22,15 @@ import numpy.typing as npt
 
 from .boxes import Box
 
-__all__ = ["I420Canvas", "i420_fits", "i420_planes", "rgb_to_i420"]
+__all__ = [
+    "I420Canvas",
+    "Patch",
+    "PatchCache",
+    "even_corners",
+    "i420_fits",
+    "i420_planes",
+    "rgb_to_i420",
+]
 
 U8 = npt.NDArray[np.uint8]
 
@@ -60,6 +70,16 @@ def i420_fits(frame_size: tuple[int, int]) -> bool:
     return width % 2 == 0 and height % 4 == 0
 
 
+def even_corners(box: Box, width: int, height: int) -> tuple[int, int, int, int] | None:
+    """``box`` widened to even edges and cut to a ``width`` x ``height`` picture, as (x0, y0,
+    x1, y1) with x1, y1 exclusive; None when nothing of it is left. Converted alone, such a
+    rectangle has whole chroma blocks."""
+    x0, y0 = max(0, box.x) & ~1, max(0, box.y) & ~1
+    x1 = min(width, box.x + box.w + 1) & ~1
+    y1 = min(height, box.y + box.h + 1) & ~1
+    return None if x1 <= x0 or y1 <= y0 else (x0, y0, x1, y1)
+
+
 def i420_planes(i420: U8, width: int, height: int) -> tuple[U8, U8, U8]:
     """Views of the Y, U and V planes of an I420 array of a ``width`` x ``height`` picture."""
     flat = i420.reshape(-1)
@@ -94,16 +114,85 @@ class I420Canvas:
         if changed is None:
             return rgb_to_i420(rgb)
         out = self._base.copy()
-        planes = i420_planes(out, self.width, self.height)
         for box in changed:
-            x0, y0 = max(0, box.x) & ~1, max(0, box.y) & ~1
-            x1 = min(self.width, box.x + box.w + 1) & ~1
-            y1 = min(self.height, box.y + box.h + 1) & ~1
-            if x1 <= x0 or y1 <= y0:
-                continue
-            patch = rgb_to_i420(rgb[y0:y1, x0:x1])
-            py, pu, pv = i420_planes(patch, x1 - x0, y1 - y0)
-            planes[0][y0:y1, x0:x1] = py
-            planes[1][y0 // 2 : y1 // 2, x0 // 2 : x1 // 2] = pu
-            planes[2][y0 // 2 : y1 // 2, x0 // 2 : x1 // 2] = pv
+            patch = self.patch(rgb, box)
+            if patch is not None:
+                self.paste(out, patch)
         return out
+
+    def patch(self, rgb: U8, box: Box) -> Patch | None:
+        """The I420 of ``rgb`` (a whole picture) inside ``box`` widened to even edges."""
+        corners = even_corners(box, self.width, self.height)
+        if corners is None:
+            return None
+        x0, y0, x1, y1 = corners
+        planes = rgb_to_i420(rgb[y0:y1, x0:x1])
+        planes.flags.writeable = False
+        return Patch(x0, y0, x1, y1, planes)
+
+    def paste(self, out: U8, patch: Patch) -> None:
+        """Write ``patch`` into ``out``, an I420 picture of this canvas's size."""
+        x0, y0, x1, y1 = patch.x0, patch.y0, patch.x1, patch.y1
+        planes = i420_planes(out, self.width, self.height)
+        py, pu, pv = i420_planes(patch.planes, x1 - x0, y1 - y0)
+        planes[0][y0:y1, x0:x1] = py
+        planes[1][y0 // 2 : y1 // 2, x0 // 2 : x1 // 2] = pu
+        planes[2][y0 // 2 : y1 // 2, x0 // 2 : x1 // 2] = pv
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """A rectangle of an I420 picture with even edges (x1, y1 exclusive), as a read-only I420
+    array of its own."""
+
+    x0: int
+    y0: int
+    x1: int
+    y1: int
+    planes: U8
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.planes.nbytes)
+
+
+class PatchCache:
+    """Converted patches by what drew them, up to ``budget_bytes``, shared between threads
+    (the render threads of every call of one avatar); the oldest go first when it is full."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._patches: dict[Hashable, Patch] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable) -> Patch | None:
+        with self._lock:
+            patch = self._patches.get(key)
+            if patch is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return patch
+
+    def put(self, key: Hashable, patch: Patch) -> None:
+        if patch.nbytes > self.budget_bytes:
+            return
+        with self._lock:
+            old = self._patches.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            while self._patches and self._bytes + patch.nbytes > self.budget_bytes:
+                self._bytes -= self._patches.pop(next(iter(self._patches))).nbytes
+            self._patches[key] = patch
+            self._bytes += patch.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """What the patches held now take."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._patches)

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .boxes import Box
-from .i420 import I420Canvas
+from .i420 import I420Canvas, PatchCache
 from .warp_avatar import WarpAvatar
 from .warp_lips import LEVELS, sealed_mouth, tucked_mouth
 
@@ -185,8 +185,18 @@ class WarpRenderer:
     renderer per thread.
     """
 
-    def __init__(self, avatar: WarpAvatar, *, seed: int = 0, sway_px: float = 0.0) -> None:
+    def __init__(
+        self,
+        avatar: WarpAvatar,
+        *,
+        seed: int = 0,
+        sway_px: float = 0.0,
+        patches: PatchCache | None = None,
+    ) -> None:
+        """``patches``: converted mouths to reuse in :meth:`render_i420`; the renderers of one
+        avatar may share them (its mouth does not depend on ``seed``)."""
         self.avatar = avatar
+        self.patches = patches
         self.sway_px = float(sway_px)
         self._base = avatar.image
         self._still = avatar.image.copy()
@@ -219,7 +229,7 @@ class WarpRenderer:
             for ex, ey, ew, eh in avatar.eye_crops
         ]
         self._changed = [_box(at) for at in (self._mouth_at, *self._eye_at)]
-        """Everything :meth:`render` writes to when the avatar does not sway."""
+        """Everything :meth:`render` writes to when the avatar does not sway: the mouth first."""
         eh, ew = avatar.eye_masks.shape[1:]
         self._eye_rows = np.arange(eh, dtype=np.float32)[:, None]
         self._eye_cols = np.broadcast_to(np.arange(ew, dtype=np.float32), (eh, ew)).copy()
@@ -267,12 +277,33 @@ class WarpRenderer:
         tucked: float = 0.0,
     ) -> U8:
         """:meth:`render` in I420 (musetalk_core.i420), converting only the mouth and eye crops
-        the render can change; the avatar at rest is always the same :attr:`still_i420`."""
+        the render changed; the avatar at rest is always the same :attr:`still_i420`. With
+        ``patches``, a mouth drawn before for the same (openness, roundness, contact) is reused
+        as converted then."""
         if self.is_still(openness, t, closed=closed, tucked=tucked):
             return self.still_i420
-        rgb = self.render(openness, roundness, t, closed=closed, tucked=tucked)
-        changed = None if self.sway_px > 0.0 else self._changed
-        return self._i420().convert(rgb, changed)
+        canvas = self._i420()
+        if self.sway_px > 0.0 or self._blinks.amount(t) > 0.0:
+            whole = self.render(openness, roundness, t, closed=closed, tucked=tucked)
+            return canvas.convert(whole, None if self.sway_px > 0.0 else self._changed)
+        # Only the mouth differs from the still picture (the eye crops may overlap the mouth's,
+        # so a blink is drawn whole, above).
+        o, level, contact = self._mouth(openness, roundness, closed, tucked)
+        if o < 1.0 / 256 and contact[1] == 0:
+            return self.still_i420
+        key = (o, level, contact)
+        patch = None if self.patches is None else self.patches.get(key)
+        if patch is None:
+            rgb = self._base.copy()
+            self._paint_mouth(rgb, o, level, contact)
+            patch = canvas.patch(rgb, self._changed[0])
+            if patch is None:
+                return self.still_i420  # a mouth crop outside the picture
+            if self.patches is not None:
+                self.patches.put(key, patch)
+        out = canvas.base.copy()
+        canvas.paste(out, patch)
+        return out
 
     def _i420(self) -> I420Canvas:
         if self._canvas is None:
@@ -301,12 +332,28 @@ class WarpRenderer:
         if self.is_still(openness, t, closed=closed, tucked=tucked):
             return self._still
         out = self._base.copy()
+        self._paint_mouth(out, *self._mouth(openness, roundness, closed, tucked))
+        blink = self._blinks.amount(t)
+        if blink > 0.0:
+            self._draw_lids(out, blink)
+        if self.sway_px > 0.0:
+            out = self._sway(out, t)
+        return out
+
+    def _mouth(
+        self, openness: float, roundness: float, closed: float, tucked: float
+    ) -> tuple[float, int, tuple[str, int]]:
+        """What the mouth's pixels depend on: the openness (clipped), the roundness level and
+        the lip contact (``"sealed"`` or ``"tucked"`` and its step; step 0: none)."""
         o = min(1.0, max(0.0, float(openness)))
         c = min(1.0, max(0.0, float(closed)))
         k = min(1.0, max(0.0, float(tucked)))
         level = round(min(1.0, max(0.0, float(roundness))) * _ROUND_LEVELS)
         kind, amount = ("tucked", k) if k > c else ("sealed", c)
-        step = round(amount * LEVELS)
+        return o, level, (kind, round(amount * LEVELS))
+
+    def _paint_mouth(self, out: U8, o: float, level: int, contact: tuple[str, int]) -> None:
+        kind, step = contact
         src = self._mouth_src if step == 0 else self._contact(kind, step)
         # Below 1/256 the jaw moves by < 0.05 px: skip the work and keep the pixels exact. All
         # mouth motion, rounding included, scales with openness, so a shut mouth is the picture.
@@ -314,12 +361,6 @@ class WarpRenderer:
             self._draw_mouth(out, o, level, src)
         elif src is not self._mouth_src:
             self._blend_mouth(out, src)
-        blink = self._blinks.amount(t)
-        if blink > 0.0:
-            self._draw_lids(out, blink)
-        if self.sway_px > 0.0:
-            out = self._sway(out, t)
-        return out
 
     def _mouth_fields(self, level: int) -> _MouthFields:
         cached = self._fields.get(level)

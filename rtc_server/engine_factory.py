@@ -52,9 +52,9 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
             "asked for: a flash and a beep on the same instant, once a second",
             lambda: SyncTestEngine(fps=VIDEO_FPS, sample_rate=AUDIO_RATE),
         )
-    from musetalk_core.i420 import i420_fits
+    from musetalk_core.i420 import PatchCache, i420_fits
     from musetalk_core.warp_avatar import builtin_portrait, load_portrait, prepare_avatar
-    from musetalk_core.warp_engine import WarpEngine
+    from musetalk_core.warp_engine import MOUTH_PATCHES_BYTES, WarpEngine
 
     image = (
         builtin_portrait() if config.engine.avatar is None else load_portrait(config.engine.avatar)
@@ -66,8 +66,13 @@ def load_engine_factory(config: ServerConfig) -> EngineFactory:
     # I420 frames where the size allows: the sender encodes them without converting them.
     pixels = "yuv420p" if i420_fits(avatar.frame_size) else "rgb24"
 
+    # Every call's engine reuses the mouths any of them drew (musetalk_core/warp_engine.py).
+    patches = PatchCache(MOUTH_PATCHES_BYTES) if pixels == "yuv420p" else None
+
     def warp() -> LipSyncEngine:
-        return WarpEngine(avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE, pixel_format=pixels)
+        return WarpEngine(
+            avatar, fps=VIDEO_FPS, sample_rate=AUDIO_RATE, pixel_format=pixels, patches=patches
+        )
 
     notice = None
     if config.engine.name == "warp":
