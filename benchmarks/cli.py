@@ -71,6 +71,7 @@ def _engine(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                 "idle wall ms p50",
                 "idle CPU ms/frame",
                 "first frame ms",
+                "mouths reused / drawn",
             ],
             [
                 [
@@ -82,6 +83,7 @@ def _engine(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                     r["idle_ms"]["p50"],
                     r["idle_cpu_ms_per_frame"],
                     r["first_frame_ms"],
+                    "-" if r["mouths"] is None else "{reused} / {drawn}".format(**r["mouths"]),
                 ]
             ],
         )

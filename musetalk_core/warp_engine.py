@@ -119,6 +119,11 @@ class WarpEngine:
         return (o * keep, r, c * keep, k * keep)
 
     @property
+    def patches(self) -> PatchCache | None:
+        """The converted mouths this engine reuses (None for RGB frames), with its counts."""
+        return self._renderer.patches
+
+    @property
     def fps(self) -> int:
         return self._fps
 
