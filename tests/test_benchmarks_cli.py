@@ -57,7 +57,7 @@ def test_bench_engine(tmp_path: Path) -> None:
     r = _run(tmp_path, "engine", "--frames", "20")
     assert r["engine"] == "warp" and r["speaking_ms"]["n"] == 20 and r["idle_ms"]["n"] == 20
     # The first frames of the paragraph are new mouths: drawn, not reused.
-    assert r["mouths"]["drawn"] >= 5 and r["mouths"]["reused"] >= 0
+    assert r["mouths"]["drawn"] >= 5
     marks = r["landmarks"]
     assert marks["video_frame_ms"] > 0
     assert {"n", "p50"} <= set(marks["picture_ms"]["built-in 512x512"])
