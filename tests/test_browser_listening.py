@@ -36,6 +36,33 @@ async def _question_wav(path: Path) -> Path:
     return path
 
 
+async def _microphone(page: Page) -> dict[str, Any]:
+    """What Chromium says it captured and sent of the fake microphone: frames its capture
+    pipeline dropped (the track's stats), seconds of audio and packets sent. A failure's
+    message carries it, to tell audio the browser lost from words the server misheard."""
+    report: dict[str, Any] = await page.evaluate(
+        """async () => {
+          const pc = window.avatarCall.pc;
+          const sender = pc.getSenders().find((s) => s.track?.kind === "audio");
+          const out = {};
+          const t = sender?.track?.stats;
+          if (t) {
+            out.track = { total: t.totalFrames, delivered: t.deliveredFrames,
+                          total_s: t.totalFramesDuration / 1000 };
+          }
+          (await pc.getStats()).forEach((s) => {
+            if (s.type === "media-source" && s.kind === "audio") {
+              out.source_s = s.totalSamplesDuration;
+            } else if (s.type === "outbound-rtp" && s.kind === "audio") {
+              out.packets_sent = s.packetsSent;
+            }
+          });
+          return out;
+        }"""
+    )
+    return report
+
+
 async def _event(page: Page, kind: str, timeout_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -58,7 +85,8 @@ async def test_browser_asks_by_voice_and_hears_the_answer(
     async with chromium_page(tmp_path / "profile", args) as page:
         await start_call(page, f"{live_server.url}/")
         transcript = await _event(page, "transcript", 20)
-        assert {"capital", "italy"} <= _words(transcript["text"])
+        heard = transcript["text"]
+        assert {"capital", "italy"} <= _words(heard), (heard, await _microphone(page))
         response = await _event(page, "response", 10)
         assert response["text"].startswith("You said")
         # The answer is heard: the remote audio carries sound while the avatar speaks.
