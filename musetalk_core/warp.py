@@ -29,7 +29,7 @@ from .i420 import I420Canvas, PatchCache
 from .warp_avatar import WarpAvatar
 from .warp_lips import LEVELS, sealed_mouth, tucked_mouth
 
-__all__ = ["PIXEL_FORMATS", "WarpRenderer", "mouth_opening", "mouth_shape"]
+__all__ = ["PIXEL_FORMATS", "SHUT", "WarpRenderer", "mouth_opening", "mouth_shape"]
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -66,6 +66,8 @@ ROUND_LIFT = 1.5
 """How much more the upper lip lifts at roundness 1 (relative)."""
 ROUND_JAW = 0.25
 """How much less the jaw drops at roundness 1 (relative)."""
+SHUT = 1.0 / 256
+"""Openness, closing and tucking below this move the lips by < 0.05 px: the picture at rest."""
 _ROUND_LEVELS = 16
 """Roundness is quantised to this many steps so each step's warp fields are built once."""
 
@@ -255,9 +257,9 @@ class WarpRenderer:
         """Does :meth:`render` at (``openness``, ``t``, ``closed``, ``tucked``) give
         :attr:`still`?"""
         return (
-            openness < 1.0 / 256
-            and closed < 1.0 / 256
-            and tucked < 1.0 / 256
+            openness < SHUT
+            and closed < SHUT
+            and tucked < SHUT
             and self.sway_px <= 0.0
             and self._blinks.amount(t) <= 0.0
         )
@@ -289,7 +291,7 @@ class WarpRenderer:
         # Only the mouth differs from the still picture (the eye crops may overlap the mouth's,
         # so a blink is drawn whole, above).
         o, level, contact = self._mouth(openness, roundness, closed, tucked)
-        if o < 1.0 / 256 and contact[1] == 0:
+        if o < SHUT and contact[1] == 0:
             return self.still_i420
         key = (o, level, contact)
         patch = None if self.patches is None else self.patches.get(key)
@@ -355,9 +357,9 @@ class WarpRenderer:
     def _paint_mouth(self, out: U8, o: float, level: int, contact: tuple[str, int]) -> None:
         kind, step = contact
         src = self._mouth_src if step == 0 else self._contact(kind, step)
-        # Below 1/256 the jaw moves by < 0.05 px: skip the work and keep the pixels exact. All
+        # Below SHUT the jaw moves by < 0.05 px: skip the work and keep the pixels exact. All
         # mouth motion, rounding included, scales with openness, so a shut mouth is the picture.
-        if o >= 1.0 / 256:
+        if o >= SHUT:
             self._draw_mouth(out, o, level, src)
         elif src is not self._mouth_src:
             self._blend_mouth(out, src)

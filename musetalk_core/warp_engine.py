@@ -23,7 +23,7 @@ from .os_threads import namer
 from .segments import Piece, SegmentQueue
 from .types import AudioChunk, AvatarFrame, EngineError
 from .visemes import DECAY_S
-from .warp import PIXEL_FORMATS, WarpRenderer, mouth_opening, mouth_shape
+from .warp import PIXEL_FORMATS, SHUT, WarpRenderer, mouth_opening, mouth_shape
 from .warp_avatar import WarpAvatar
 
 __all__ = ["WarpEngine"]
@@ -111,7 +111,7 @@ class WarpEngine:
         rest."""
         frames = max(1, round(DECAY_S * self._fps))
         step = self._relax_step + 1
-        if step >= frames or not any(v > 1.0 / 256 for v in self._last_mouth):
+        if step >= frames or not any(v > SHUT for v in self._last_mouth):
             return None
         x = step / frames
         keep = 1.0 - x * x * (3.0 - 2.0 * x)
