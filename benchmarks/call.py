@@ -29,8 +29,10 @@ SAYS = (
 async def _server(
     factory: EngineFactory | None = None, **settings: Any
 ) -> tuple[str, web.AppRunner, Any]:
-    """The server in this process on a free 127.0.0.1 port, with ``settings`` as config fields."""
+    """The server in this process on a free 127.0.0.1 port, with ``settings`` as config fields
+    (the LLM ``echo`` unless they name one)."""
     cache = Path(tempfile.gettempdir()) / "avatar-rtc-bench"
+    settings.setdefault("llm", "echo")
     config = ServerConfig.of(cache_dir=cache, ice_addresses=("127.0.0.1",), **settings)
     factory = factory or load_engine_factory(config)
     app = create_app(config, engine_loader=lambda: factory)

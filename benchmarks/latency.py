@@ -228,6 +228,9 @@ async def spawn_server(
         *([] if "--workers" in extra_args else ["--workers", "1"]),
         # Every caller of a benchmark is on 127.0.0.1, one client address to the server.
         *([] if "--max-calls-per-client" in extra_args else ["--max-calls-per-client", "0"]),
+        # The deterministic stand-in for an LLM unless one is asked for (--llm local: the
+        # local model, openai: a stand-in's).
+        *([] if "--llm" in extra_args else ["--llm", "echo"]),
         *extra_args,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=log if log is not None else asyncio.subprocess.DEVNULL,

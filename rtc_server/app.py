@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -33,6 +34,8 @@ from rtc_server.engine_factory import EngineFactory, load_engine_factory
 from rtc_server.headroom import Headroom, HeadroomSettings, MachineCpu
 from rtc_server.ice import IceServers, announce_address
 from rtc_server.internal_site import add_internal_routes
+from rtc_server.local_llm.process import ModelProcess, ModelProcessError
+from rtc_server.local_llm.provider import LocalLLM
 from rtc_server.media import libopus
 from rtc_server.media.clock import VIDEO_RATE
 from rtc_server.media.h264 import TunedH264Encoder
@@ -47,7 +50,7 @@ from rtc_server.memory import (
 )
 from rtc_server.metrics import Metrics
 from rtc_server.pages import STATIC_DIR
-from rtc_server.providers.registry import Choice, load_providers
+from rtc_server.providers.registry import Choice, Chosen, load_providers, refused_local_llm
 from rtc_server.session import AvatarSession, ListenSettings, Providers
 from rtc_server.synthesis_pool import DeadlinePool
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
@@ -90,6 +93,8 @@ class SessionManager:
         self.openai: AsyncOpenAI | None = None
         """The SDK client the OpenAI providers share; closed at shutdown."""
         self.choices: tuple[Choice, ...] = ()
+        self.model_process: ModelProcess | None = None
+        """The local model's process, when this server runs one (rtc_server/local_llm)."""
         self.settings = ListenSettings(
             vad=VADParams(hangover_ms=config.conversation.vad_hangover_ms),
             system_prompt=config.conversation.system_prompt or DEFAULT_SYSTEM_PROMPT,
@@ -150,6 +155,8 @@ class SessionManager:
             self.executor, load_providers, self.config, http, self.executor
         )
         self.openai = chosen.openai
+        if chosen.model is not None:
+            chosen = await self._start_model(chosen)
         vad = await loop.run_in_executor(self.executor, SileroModel.shared)
         end_of_turn = await loop.run_in_executor(
             self.executor, load_end_of_turn, self.config.conversation.end_of_turn
@@ -172,6 +179,40 @@ class SessionManager:
             # Before ready: the collection inside takes ~100 ms, which no call must wait for.
             self.metrics.gc_frozen.set(freeze_startup_objects())
         logger.info("ready: engine %s", self.engine_factory.name)
+
+    async def _start_model(self, chosen: Chosen) -> Chosen:
+        """Start the local model's process; ``echo`` answers if it cannot start."""
+        assert chosen.model is not None
+        process = ModelProcess(
+            chosen.model,
+            warm_prompt=self.settings.system_prompt,
+            on_restart=self.metrics.model_restarts.inc,
+        )
+        try:
+            await process.start()
+        except (ModelProcessError, OSError) as exc:
+            from rtc_server.providers.echo_llm import EchoLLM
+
+            await process.stop()
+            if isinstance(chosen.llm, LocalLLM):
+                await chosen.llm.aclose()
+            logger.error("the local model did not start, answering with echo: %s", exc)
+            llm = next(c for c in chosen.choices if c.slot == "llm")
+            choices = tuple(
+                refused_local_llm(c, str(exc)) if c is llm else c for c in chosen.choices
+            )
+            return dataclasses.replace(chosen, llm=EchoLLM(), choices=choices, model=None)
+        self.model_process = process
+        return chosen
+
+    async def close_models(self) -> None:
+        """What loading opened beside the calls: the local model's process and its client."""
+        if self.model_process is not None:
+            await self.model_process.stop()
+        if self.providers is not None and isinstance(self.providers.llm, LocalLLM):
+            await self.providers.llm.aclose()
+        if self.openai is not None:
+            await self.openai.close()
 
     async def create_session(self, offer: Offer) -> Answer:
         if self.load_error is not None:  # not a wait: the server cannot take calls at all
@@ -489,8 +530,7 @@ def create_app(
         await manager.close_all()
         if manager.engine_factory is not None and manager.engine_factory.close is not None:
             manager.engine_factory.close()
-        if manager.openai is not None:
-            await manager.openai.close()
+        await manager.close_models()
         await http.close()
         executor.shutdown(wait=True, cancel_futures=True)
 

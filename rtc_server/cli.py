@@ -32,6 +32,7 @@ from rtc_server.options import (
 
 if TYPE_CHECKING:
     from rtc_server.engine_factory import EngineFactory
+    from rtc_server.providers.registry import Choice
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -269,6 +270,24 @@ def _token(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 0
 
 
+def _doctor_config() -> ServerConfig:
+    """What ``serve`` would be configured with, as far as ``doctor`` needs it."""
+    return ServerConfig.of(
+        weights_dir=Path(os.environ["AVATAR_RTC_WEIGHTS_DIR"])
+        if os.environ.get("AVATAR_RTC_WEIGHTS_DIR")
+        else None,
+        openai_api_key=os.environ.get("OPENAI_API_KEY") or None,
+        openai_base_url=os.environ.get("OPENAI_BASE_URL") or None,
+        elevenlabs_api_key=os.environ.get("ELEVENLABS_API_KEY") or None,
+        llm=os.environ.get("AVATAR_RTC_LLM") or "auto",
+        **(
+            {"cache_dir": Path(os.environ["AVATAR_RTC_CACHE_DIR"])}
+            if os.environ.get("AVATAR_RTC_CACHE_DIR")
+            else {}
+        ),
+    )
+
+
 def _doctor() -> int:
     import aiortc
     import av
@@ -280,14 +299,11 @@ def _doctor() -> int:
     print("H.264 encoder (libx264):", "yes" if has_x264 else "NO: VP8 only")
     from rtc_server.providers.registry import choose
 
-    config = ServerConfig.of(
-        weights_dir=Path(os.environ["AVATAR_RTC_WEIGHTS_DIR"])
-        if os.environ.get("AVATAR_RTC_WEIGHTS_DIR")
-        else None,
-        openai_api_key=os.environ.get("OPENAI_API_KEY") or None,
-        openai_base_url=os.environ.get("OPENAI_BASE_URL") or None,
-        elevenlabs_api_key=os.environ.get("ELEVENLABS_API_KEY") or None,
-    )
+    try:
+        config = _doctor_config()
+    except ConfigError as exc:
+        print(f"avatar-rtc: error: {exc}", file=sys.stderr)
+        return 2
     use_musetalk, reason = musetalk_choice(config)
     if use_musetalk:  # say so without loading a GPU model just to print a line
         print(f"lip-sync engine: musetalk ({reason})")
@@ -295,8 +311,24 @@ def _doctor() -> int:
         factory = load_engine_factory(config)
         print(f"lip-sync engine: {factory.name} ({factory.reason})")
     for choice in choose(config):
-        print(f"{choice.slot}: {choice.name} ({choice.reason})")
+        print(_checked(choice, config))
     return 0
+
+
+def _checked(choice: Choice, config: ServerConfig) -> str:
+    """``doctor``'s line for one provider: the local model's weights are hashed as at
+    start-up, and a refusal shows the fallback and why."""
+    if choice.slot == "llm" and choice.name == "local":
+        from rtc_server.local_llm.weights import WeightsRefused, model_status
+        from rtc_server.providers.registry import refused_local_llm
+
+        try:
+            model = model_status(config.server.cache_dir)
+        except WeightsRefused as exc:
+            choice = refused_local_llm(choice, str(exc))
+        else:
+            return f"llm: local ({choice.reason}): {model}"
+    return f"{choice.slot}: {choice.name} ({choice.reason})"
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -28,7 +28,7 @@ from signaling.ratelimit import RateLimiter
 
 ENGINES = ("auto", "musetalk", "warp", "sync-test")
 STTS = ("auto", "local", "openai")
-LLMS = ("auto", "echo", "openai")
+LLMS = ("auto", "local", "echo", "openai")
 TTSS = ("auto", "piper", "elevenlabs", "openai")
 CONVERSATIONS = ("pipeline", "openai-realtime")
 REALTIME_TURNS = ("ours", "service")
@@ -352,6 +352,11 @@ class ConversationSettings:
     conversation carried over (the service ends sessions at 60 minutes)."""
     stt: str = "auto"
     llm: str = "auto"
+    """``auto``: OpenAI (or the endpoint at ``openai_base_url``) with a key or base URL, else
+    the local model (rtc_server/local_llm), else ``echo``."""
+    local_model_socket: Path | None = None
+    """Set by the front for its media workers: the socket of the machine's one local model
+    process, which the front runs (rtc_server/local_llm/process.py)."""
     tts: str = "auto"
     openai_api_key: str | None = field(default=None, repr=False)
     openai_base_url: str | None = None

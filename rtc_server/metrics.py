@@ -119,6 +119,12 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.model_restarts = Counter(
+            "avatar_rtc_model_restarts",
+            "Local model processes that died and were started again.",
+            registry=self.registry,
+        )
+
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
         self.gc_pause.labels(str(generation)).observe(seconds)
 

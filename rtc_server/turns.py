@@ -10,9 +10,15 @@ from typing import Literal
 from rtc_server.providers.base import ChatMessage
 
 DEFAULT_SYSTEM_PROMPT = (
-    "You are a friendly avatar in a live video call. Answer in one or two short spoken "
-    "sentences, without lists, markup or emojis."
+    "You are a friendly avatar in a live video call, speaking out loud. Answer in one or two "
+    "short sentences, without lists, markup or emojis. You have no internet, no clock and no "
+    "camera: you cannot know today's weather, the news, the date or the time, and you cannot "
+    "see the caller. When asked about those, say plainly that you cannot know them instead of "
+    "guessing."
 )
+"""Written for the smallest model it meets, the local 0.5B one: shorter prompts let it invent
+the weather and the time, longer ones (more topics, examples) made it worse at both
+(benchmarks/README.md, "The local model's prompt")."""
 
 
 class Conversation:

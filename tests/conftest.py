@@ -25,6 +25,9 @@ os.environ.setdefault("AVATAR_RTC_WORKERS", "1")
 # the load a server would refuse calls for is the test's, not its own. Admission by headroom
 # is tested where a test asks for it (tests/test_headroom.py).
 os.environ.setdefault("AVATAR_RTC_NO_HEADROOM", "1")
+# The servers the tests start answer with `echo`, the deterministic stand-in for an LLM, unless
+# a test asks for the local model (tests/test_local_llm*.py) or a cloud stand-in.
+os.environ.setdefault("AVATAR_RTC_LLM", "echo")
 # Every caller of the tests is on 127.0.0.1: one client address, whose default limit of live
 # calls (2) would refuse the tests that hold more. tests/test_hardening.py sets its own.
 os.environ.setdefault("AVATAR_RTC_MAX_CALLS_PER_CLIENT", "0")
@@ -64,6 +67,7 @@ async def start_server(
 ) -> tuple[LiveServer, web.AppRunner]:
     # The same text always gives the same audio: what a test hears does not vary run to run.
     config.setdefault("piper_deterministic", True)
+    config.setdefault("llm", "echo")  # see AVATAR_RTC_LLM above
     config.setdefault("headroom", False)  # see AVATAR_RTC_NO_HEADROOM above
     config.setdefault("max_calls_per_client", 0)  # see AVATAR_RTC_MAX_CALLS_PER_CLIENT above
     config.setdefault("call_messages_per_min", 0)  # see AVATAR_RTC_CALL_MESSAGES_PER_MIN above

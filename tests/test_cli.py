@@ -102,9 +102,14 @@ def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert "API key" in capsys.readouterr().err
 
 
-def test_auto_picks_cloud_only_with_keys() -> None:
+def test_auto_picks_cloud_only_with_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     offline = [c.name for c in choose(ServerConfig.of())]
-    assert offline == ["local", "echo", "piper"]
+    assert offline == ["local", "local", "piper"]  # the local LLM: `make install` installs it
+    # Where the local model's server is not installed, echo answers and the choice says why.
+    monkeypatch.setattr("rtc_server.local_llm.find_binary", lambda: None)
+    llm = choose(ServerConfig.of())[1]
+    assert llm.name == "echo" and "llama-server is not installed" in llm.reason, llm
+    monkeypatch.undo()
     both = ServerConfig.of(openai_api_key="k", elevenlabs_api_key="x")
     assert [c.name for c in choose(both)] == ["openai", "openai", "elevenlabs"]
     assert all(c.reason.startswith("auto:") for c in choose(both))
@@ -180,8 +185,17 @@ def test_doctor_says_which_engine_and_why(
     import torch
 
     monkeypatch.setenv("AVATAR_RTC_WEIGHTS_DIR", str(tiny_weights))
+    monkeypatch.delenv("AVATAR_RTC_LLM", raising=False)  # tests/conftest.py asks for echo
+    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ELEVENLABS_API_KEY"):
+        monkeypatch.delenv(key, raising=False)
     assert main(["doctor"], {}) == 0
     out = capsys.readouterr().out
+    # Which LLM answers and why, its weights checked as at start-up.
+    assert (
+        "llm: local (auto: no cloud key in the environment, offline default): "
+        "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Apache-2.0)"
+    ) in out, out
+    assert "sha256 checked" in out
     if torch.cuda.is_available():
         assert "lip-sync engine: musetalk (auto: CUDA and MuseTalk weights" in out
     else:

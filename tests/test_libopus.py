@@ -167,7 +167,9 @@ async def test_without_libopus_the_server_says_so_instead_of_taking_calls(
         raise OpusError("libopus not found: neither PyAV's wheel nor the system has it")
 
     monkeypatch.setattr(libopus, "library", missing)
-    cfg = ServerConfig.of(cache_dir=cache_dir, ice_addresses=("127.0.0.1",), headroom=False)
+    cfg = ServerConfig.of(
+        cache_dir=cache_dir, ice_addresses=("127.0.0.1",), headroom=False, llm="echo"
+    )
     runner = web.AppRunner(create_app(cfg, engine_loader=lambda: engine_factory))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

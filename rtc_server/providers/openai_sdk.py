@@ -41,9 +41,14 @@ _DRAIN_LIMIT = 65_536  # bytes read after the end of a stream to keep its connec
 
 
 def openai_client(
-    api_key: str | None, base_url: str = OPENAI_BASE_URL, policy: HTTPPolicy = DEFAULT_POLICY
+    api_key: str | None,
+    base_url: str = OPENAI_BASE_URL,
+    policy: HTTPPolicy = DEFAULT_POLICY,
+    *,
+    uds: str | None = None,
 ) -> AsyncOpenAI:
-    """An SDK client for ``base_url`` (up to ``/v1``) with the policy's timeouts.
+    """An SDK client for ``base_url`` (up to ``/v1``) with the policy's timeouts; ``uds``: the
+    requests go to this unix socket (the local model process), ``base_url`` only names them.
 
     A local server without keys still gets a placeholder (:data:`NO_KEY`): the SDK refuses to
     start without one; :func:`request_headers` keeps it off the wire. Redirects are not
@@ -65,7 +70,11 @@ def openai_client(
         base_url=base_url,
         timeout=timeout,
         max_retries=0,
-        http_client=DefaultAsyncHttpx2Client(timeout=timeout, follow_redirects=False),
+        http_client=DefaultAsyncHttpx2Client(
+            timeout=timeout,
+            follow_redirects=False,
+            **({} if uds is None else {"transport": httpx2.AsyncHTTPTransport(uds=uds)}),
+        ),
     )
 
 

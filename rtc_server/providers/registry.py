@@ -1,7 +1,8 @@
 """Which STT, LLM and TTS a server uses, and why: chosen once at start-up and logged.
 
 ``auto`` takes a cloud provider when its key is in the environment, else the offline default
-(faster-whisper tiny.en, the echo LLM, Piper). The local voice is loaded in every case: it
+(faster-whisper tiny.en, the local language model, Piper; ``echo`` where the local model is
+not installed or its weights were refused). The local voice is loaded in every case: it
 speaks the apology when a cloud TTS fails.
 """
 
@@ -24,6 +25,8 @@ from rtc_server.providers.openai_sdk import OPENAI_BASE_URL, openai_client
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
+    from rtc_server.local_llm.process import ModelSettings
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,6 +48,12 @@ class Chosen:
     """``--conversation openai-realtime``: the model that hears and answers."""
     openai: AsyncOpenAI | None = None
     """The SDK client every OpenAI provider here shares; the app closes it at shutdown."""
+    model: ModelSettings | None = None
+    """The local model's process, for the app to start (``llm`` talks to it); None when the
+    LLM is not local or the front runs the process."""
+
+
+OFFLINE = "auto: no cloud key in the environment, offline default"
 
 
 def _pick(slot: str, wanted: str, cloud: list[tuple[str, bool, str]], local: str) -> Choice:
@@ -54,7 +63,25 @@ def _pick(slot: str, wanted: str, cloud: list[tuple[str, bool, str]], local: str
     for name, usable, why in cloud:
         if usable:
             return Choice(slot, name, f"auto: {why}")
-    return Choice(slot, local, "auto: no cloud key in the environment, offline default")
+    return Choice(slot, local, OFFLINE)
+
+
+def _offline_llm(choice: Choice) -> Choice:
+    """``local`` as chosen, or ``echo`` with the reason when the local model is not installed
+    (its weights' hash is checked later: :func:`checked_local_llm`)."""
+    if choice.name != "local":
+        return choice
+    from rtc_server import local_llm
+
+    why = local_llm.missing()
+    if why is None:
+        return choice
+    return Choice("llm", "echo", f"{choice.reason}; the local model cannot run: {why}")
+
+
+def refused_local_llm(choice: Choice, reason: str) -> Choice:
+    """The ``echo`` fallback of a local model that was chosen but could not be used."""
+    return Choice("llm", "echo", f"{choice.reason}; the local model was refused: {reason}")
 
 
 def choose(config: ServerConfig) -> tuple[Choice, Choice, Choice]:
@@ -72,8 +99,9 @@ def choose(config: ServerConfig) -> tuple[Choice, Choice, Choice]:
                 "an OpenAI key or base URL is set",
             )
         ],
-        "echo",
+        "local",
     )
+    llm = _offline_llm(llm)
     tts = _pick(
         "tts",
         config.conversation.tts,
@@ -146,7 +174,10 @@ def load_providers(
             stt_choice = Choice("stt", "none", f"{exc}; calls take typed turns only")
 
     llm: LLM
-    if realtime is None and llm_choice.name == "openai":
+    model: ModelSettings | None = None
+    if realtime is None and llm_choice.name == "local":
+        llm, model, llm_choice = _local_llm(config, policy, llm_choice)
+    elif realtime is None and llm_choice.name == "openai":
         from rtc_server.providers.openai_llm import OpenAILLM
 
         assert openai is not None
@@ -188,7 +219,30 @@ def load_providers(
     choices = (stt_choice, llm_choice, tts_choice)
     for c in choices:
         logger.info("%s: %s (%s)", c.slot, c.name, c.reason)
-    return Chosen(stt, llm, tts, local_tts, choices, realtime, openai=openai)
+    return Chosen(stt, llm, tts, local_tts, choices, realtime, openai=openai, model=model)
+
+
+def _local_llm(
+    config: ServerConfig, policy: HTTPPolicy, choice: Choice
+) -> tuple[LLM, ModelSettings | None, Choice]:
+    """The local model's provider, and the process to start for it unless the front runs one;
+    ``echo`` when its weights are refused (the reason logged and in the choice)."""
+    from rtc_server.local_llm.process import ModelProcessError, model_settings, socket_dir
+    from rtc_server.local_llm.provider import LocalLLM
+    from rtc_server.local_llm.weights import WeightsRefused
+    from rtc_server.providers.echo_llm import EchoLLM
+
+    max_tokens = config.conversation.max_tokens
+    socket = config.conversation.local_model_socket
+    if socket is not None:
+        return LocalLLM(socket, max_tokens=max_tokens, policy=policy), None, choice
+    try:
+        settings = model_settings(config.server.cache_dir, socket_dir() / "model.sock")
+    except (WeightsRefused, ModelProcessError) as exc:
+        logger.error("the local model was refused, answering with echo: %s", exc)
+        return EchoLLM(), None, refused_local_llm(choice, str(exc))
+    llm = LocalLLM(settings.socket_path, max_tokens=max_tokens, policy=policy)
+    return llm, settings, choice
 
 
 def _realtime(config: ServerConfig, policy: HTTPPolicy) -> OpenAIRealtime | None:

@@ -30,6 +30,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rtc_server.config import ServerConfig
 from rtc_server.headroom import Headroom, MachineCpu, Refusal, WorkerLoad, machine_refusal
+from rtc_server.local_llm.process import ModelProcess, ModelProcessError, model_settings
+from rtc_server.local_llm.weights import WeightsRefused
 from rtc_server.workers.engines import EngineProcesses, engine_devices
 from rtc_server.workers.protocol import STATUS_PATH, STATUS_SECRET, WorkerSpec
 
@@ -125,6 +127,11 @@ class FrontMetrics:
             "MuseTalk engine processes that died and were started again.",
             registry=self.registry,
         )
+        self.model_restarts = Counter(
+            "avatar_rtc_model_restarts",
+            "Local model processes that died and were started again.",
+            registry=self.registry,
+        )
         self.hangs = Counter(
             "avatar_rtc_worker_hangs",
             f"Workers killed for answering no status poll for {HUNG_AFTER_S:.0f} s.",
@@ -165,6 +172,10 @@ class WorkerPool:
             else None
         )
         """MuseTalk's engine processes, one per GPU, when the workers render with MuseTalk."""
+        self.model: ModelProcess | None = None
+        """The local model's one process, when the workers answer with it."""
+        self.worker_config = config
+        """What the workers are told: ``config`` and the model process's socket."""
 
     # -- start-up
 
@@ -174,6 +185,7 @@ class WorkerPool:
         worker = self.workers[0]
         if self.engines is not None:
             self.engines.start()  # its models load while the workers start
+        await self._start_model()
         await self._spawn(worker)
         assert worker.process is not None
         while worker.status is None:
@@ -185,6 +197,34 @@ class WorkerPool:
         self._spawn_task(self._watch(worker, worker.process))
         self._spawn_task(self._poll())
         return None
+
+    async def _start_model(self) -> None:
+        """The machine's one local model process, shared by the workers' calls, when they
+        answer with it; ``echo`` answers when it cannot start."""
+        from rtc_server.providers.registry import choose
+        from rtc_server.turns import DEFAULT_SYSTEM_PROMPT
+
+        conversation = self.config.conversation
+        if conversation.mode != "pipeline" or choose(self.config)[1].name != "local":
+            return
+        loop = asyncio.get_running_loop()
+        socket = Path(self.socket_dir) / "model.sock"
+        try:
+            settings = await loop.run_in_executor(
+                None, model_settings, self.config.server.cache_dir, socket
+            )
+            process = ModelProcess(
+                settings,
+                warm_prompt=conversation.system_prompt or DEFAULT_SYSTEM_PROMPT,
+                on_restart=self.metrics.model_restarts.inc,
+            )
+            await process.start()
+        except (WeightsRefused, ModelProcessError, OSError) as exc:
+            logger.error("the local model was refused, the workers answer with echo: %s", exc)
+            self.worker_config = self.config.replace(llm="echo")
+            return
+        self.model = process
+        self.worker_config = self.config.replace(local_model_socket=socket)
 
     def start_rest(self) -> None:
         """The others, once the first has prepared the avatar (they find it in the cache)."""
@@ -208,7 +248,7 @@ class WorkerPool:
         cpu_limit = self.config.server.cpu_limit or Headroom.default_cpu_limit(len(self.workers))
         engine = self.engines.socket_for(worker.index) if self.engines is not None else None
         spec = WorkerSpec(
-            self.config.replace(
+            self.worker_config.replace(
                 cpu_limit=cpu_limit,
                 musetalk_engine_socket=None if engine is None else Path(engine),
             ),
@@ -451,6 +491,8 @@ class WorkerPool:
             await asyncio.sleep(0.1)
         if self.engines is not None:
             await self.engines.stop()  # after the workers: their calls rendered there
+        if self.model is not None:
+            await self.model.stop()  # likewise: their calls' replies came from it
         await asyncio.sleep(0.2)  # the relays print the workers' last lines
 
     async def close(self) -> None:
@@ -465,6 +507,8 @@ class WorkerPool:
                 worker.http = None
         if self.engines is not None:
             await self.engines.stop()
+        if self.model is not None:
+            await self.model.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
