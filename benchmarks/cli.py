@@ -182,7 +182,7 @@ def _call(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 def _latency(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from benchmarks import latency
 
-    r = latency.run(args.turns, args.calls, args.barge_ins, args.url, args.spawn)
+    r = latency.run(args.turns, args.calls, args.barge_ins, args.url, args.spawn, args.llm)
     rows = [
         [
             "client: end of speech -> first reply audio",
@@ -215,7 +215,7 @@ def _latency(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     print(f"{r['calls']} call(s), {r['turns']} turns")
     print(table(["measure (ms)", "p50", "p95", "n"], rows))
     settings = {"turns": args.turns, "calls": args.calls, "barge_ins": args.barge_ins}
-    return {**settings, "spawn": args.spawn, "url": args.url}, r
+    return {**settings, "spawn": args.spawn, "url": args.url, "llm": args.llm}, r
 
 
 def _conversation(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -490,6 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the server in its own process (no shared event loop with the callers)",
     )
+    lat.add_argument(
+        "--llm",
+        choices=("echo", "local"),
+        default="echo",
+        help="the started server's LLM: the deterministic echo, or the local model",
+    )
     con = sub.add_parser(
         "conversation",
         help="end of speech -> first reply audio: speech-to-speech vs STT -> LLM -> TTS",
@@ -584,10 +590,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lod.add_argument(
         "--providers",
-        choices=("offline", "cloud"),
+        choices=("offline", "local", "cloud"),
         default="offline",
-        help="the spawned server's own models, or OpenAI STT, LLM and TTS played by a local "
-        "stand-in in its own process (the server's cost beside cloud providers)",
+        help="the spawned server's own models (offline: the echo LLM; local: the local "
+        "language model), or OpenAI STT, LLM and TTS played by a local stand-in in its own "
+        "process (the server's cost beside cloud providers)",
     )
     lod.add_argument(
         "--service-ms",

@@ -154,15 +154,15 @@ def stage_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 async def _measure(
-    turns: int, calls: int, barge_ins: int, url: str | None, spawn: bool
+    turns: int, calls: int, barge_ins: int, url: str | None, spawn: bool, llm: str
 ) -> dict[str, Any]:
     runner = None
     process = None
     mouth_box = None
     if url is None and spawn:
-        url, process = await spawn_server()
+        url, process = await spawn_server("--llm", llm)
     elif url is None:
-        url, runner, factory = await _server()
+        url, runner, factory = await _server(llm=llm)
         mouth_box = factory.mouth_box if calls == 1 else None
     try:
         pcms = [await speech_pcm(q) for q in QUESTIONS]
@@ -253,6 +253,12 @@ async def spawn_server(
 
 
 def run(
-    turns: int, calls: int = 1, barge_ins: int = 0, url: str | None = None, spawn: bool = False
+    turns: int,
+    calls: int = 1,
+    barge_ins: int = 0,
+    url: str | None = None,
+    spawn: bool = False,
+    llm: str = "echo",
 ) -> dict[str, Any]:
-    return asyncio.run(_measure(turns, calls, barge_ins, url, spawn))
+    """``llm``: the server's LLM when the bench starts it (``echo``, ``local``)."""
+    return asyncio.run(_measure(turns, calls, barge_ins, url, spawn, llm))

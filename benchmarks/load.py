@@ -54,7 +54,7 @@ alone (the voice varies its pauses by tens of ms from one reading to the next)."
 SAMPLE_S = 0.25
 """How often the server's CPU time is read during the turns."""
 TURNS = ("simultaneous", "staggered")
-PROVIDERS = ("offline", "cloud")
+PROVIDERS = ("offline", "local", "cloud")
 CLOUD_REPLY = "It is sunny and warm today with a light breeze from the sea."
 """What the stand-in's LLM answers and its TTS says: one clause, so the server asks for its speech
 in one request (the stand-in says the whole reply to each)."""
@@ -81,7 +81,9 @@ class Settings:
     keep_going: bool = False
     """Go on adding calls after a step that is not smooth (to see how it degrades)."""
     providers: str = "offline"
-    """``offline``: the spawned server's own models (Whisper, Piper) answer, in its process.
+    """``offline``: the spawned server's own models (Whisper, ``echo``, Piper) answer, in its
+    process. ``local``: the same with the local language model in place of ``echo``, in the
+    server's model process (its CPU counted with the server's, as ``local-model``).
     ``cloud``: OpenAI's STT, LLM and TTS played by the vendor stand-in in a process of its own
     (benchmarks/vendor_standin.py), so the server's figures are what it costs beside cloud
     providers, and the stand-in's CPU is reported on its own."""
@@ -523,6 +525,8 @@ async def _measure_with(s: Settings, standin: StandInProcess | None) -> dict[str
         extra = ["--max-sessions", str(max(8, s.max_calls)), "--piper-deterministic"]
         if not s.headroom:
             extra.append("--no-headroom")
+        if s.providers == "local":
+            extra += ["--llm", "local"]
         if s.workers is not None:
             extra += ["--workers", str(s.workers)]
         env = None

@@ -105,6 +105,8 @@ MAIN_THREAD = "event-loop"
 """The name :func:`cpu_by_thread` gives each process's main thread (the server's event loop)."""
 UNNAMED = "other"
 """... and the threads that carry their process's own name (nobody named them)."""
+MODEL = "local-model"
+"""... and every thread of the local language model's process (``llama-server``)."""
 
 
 def _comm(pid: int, tid: int) -> str | None:
@@ -129,6 +131,9 @@ def cpu_by_thread(root: int) -> dict[str, float]:
             name = _comm(pid, tid)
             if fields is None or name is None:
                 continue
-            label = MAIN_THREAD if tid == pid else UNNAMED if name == own else name
+            if own == "llama-server":
+                label = MODEL
+            else:
+                label = MAIN_THREAD if tid == pid else UNNAMED if name == own else name
             out[label] = out.get(label, 0.0) + sum(int(f) for f in fields[11:13]) / _TICKS
     return out

@@ -203,6 +203,7 @@ class SessionManager:
             )
             return dataclasses.replace(chosen, llm=EchoLLM(), choices=choices, model=None)
         self.model_process = process
+        self.headroom.helper_cpu = process.cpu_seconds  # its CPU is the calls' too
         return chosen
 
     async def close_models(self) -> None:

@@ -104,6 +104,9 @@ class Headroom:
         self._task: asyncio.Task[None] | None = None
         self._speech_totals: Callable[[], tuple[int, int, int]] | None = None
         self.calls = 0
+        self.helper_cpu: Callable[[], float] | None = None
+        """CPU seconds so far of the processes that work for this one's calls (the local
+        language model's), counted as its own: a reply's tokens cost as much as its frames."""
 
     @staticmethod
     def default_cpu_limit(workers: int = 1) -> float:
@@ -137,15 +140,19 @@ class Headroom:
             if self._speech_totals is not None:
                 self.note_speech(*self._speech_totals())
 
+    def _cpu_seconds(self) -> float:
+        helpers = self.helper_cpu() if self.helper_cpu is not None else 0.0
+        return time.process_time() + helpers
+
     def _sample_cpu(self) -> None:
         now = time.monotonic()
-        self._cpu.append((now, time.process_time(), self.calls))
+        self._cpu.append((now, self._cpu_seconds(), self.calls))
         while self._cpu and now - self._cpu[0][0] > self.settings.window_s:
             self._cpu.popleft()
         if len(self._cpu) < 2 or now - self._cpu[0][0] < self.settings.window_s / 2:
             return
         t0, c0, calls0 = self._cpu[0]
-        cores = (time.process_time() - c0) / (now - t0)
+        cores = (self._cpu_seconds() - c0) / (now - t0)
         if any(calls != calls0 for _, _, calls in self._cpu):
             return  # calls came or went during the window: no clean figure
         if calls0 == 0:

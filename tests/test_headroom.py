@@ -64,6 +64,23 @@ def test_the_cost_of_a_call_is_learned_and_admission_follows_it(
     assert snapshot["call_cpu_measured"] and snapshot["calls"] == 1
 
 
+def test_the_local_models_cpu_counts_as_the_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(headroom_module, "time", clock)
+    model = FakeTime()  # the model process's CPU seconds, moved by hand like the server's
+    settings = HeadroomSettings(cpu_limit=0.6, prior_call_cpu=0.15, prior_speaking_call_cpu=0.2)
+    room = Headroom(settings)
+    room.helper_cpu = model.process_time
+    clock.run(6, 0.1, room)  # idle: the server 0.1 core, the model nothing
+    room.calls = 1
+    for _ in range(60):  # one call: the server 0.15 core, the model writing its reply 0.3
+        model.cpu += 0.3 * 0.1
+        clock.run(0.1, 0.15, room)
+    assert room.cpu_cores == pytest.approx(0.45, abs=0.01)
+    assert room.call_cpu == pytest.approx(0.35, abs=0.01)
+    assert room.refusal() is not None  # 0.45 + 0.35 > 0.6; the server's own 0.15 would fit
+
+
 def test_calls_are_admitted_for_what_they_cost_when_they_all_speak(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

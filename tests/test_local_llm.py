@@ -328,3 +328,32 @@ async def test_weights_that_do_not_match_fall_back_to_echo_in_the_log_and_in_doc
     assert main(["doctor"], {}) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("llm:"))
     assert line.startswith("llm: echo") and str(bad) in line, line
+
+
+async def test_the_workers_share_one_model_process_which_stops_with_the_front(
+    tmp_path: Path,
+) -> None:
+    from tests.test_workers import _children, _get, _spawn_front, _stop
+
+    url, front = await _spawn_front(tmp_path / "front.log", "--llm", "local")
+    clients = [CallClient(url, record_video=False) for _ in range(2)]
+    try:
+        children = {
+            pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in _children(front.pid)
+        }
+        models = [pid for pid, name in children.items() if name == "llama-server"]
+        assert len(models) == 1 and len(children) == 3, children  # two workers, one model
+        for client in clients:  # the front gives each call to the worker with the fewest
+            await client.connect()
+            await client.wait_channel_open()
+            await client.wait_state("listening", 10)
+        _, ready, _ = await _get(url + "/readyz")
+        assert [w["sessions"] for w in ready["workers"]] == [1, 1], ready
+        for client in clients:
+            reply, _ = await typed_turn(client, "What is the capital of Italy?")
+            assert "rome" in words(reply), reply
+    finally:
+        for client in clients:
+            await client.close()
+        await _stop(front)
+    assert not Path(f"/proc/{models[0]}").exists(), "the model process outlived the front"

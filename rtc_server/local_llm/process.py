@@ -58,6 +58,7 @@ LIVED_LONG_S = 60.0
 MAX_RESTART_S = 30.0
 STOP_S = 10.0
 LOG_LINES = 40
+_TICKS = os.sysconf("SC_CLK_TCK")
 SOCKET_DIR_PREFIX = "avatar-rtc-model-"
 
 
@@ -196,6 +197,9 @@ class ModelProcess:
         self._task: asyncio.Task[None] | None = None
         self._relay_task: asyncio.Task[None] | None = None
         self._log: deque[str] = deque(maxlen=LOG_LINES)
+        self._cpu_before = 0.0
+        """CPU seconds of the processes that died."""
+        self._cpu_now = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -205,6 +209,17 @@ class ModelProcess:
     @property
     def socket_path(self) -> Path:
         return self.settings.socket_path
+
+    def cpu_seconds(self) -> float:
+        """CPU time of every model process so far (those that died: as last read)."""
+        pid = self.pid
+        if pid is not None:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                self._cpu_now = (int(fields[11]) + int(fields[12])) / _TICKS
+            except (OSError, IndexError, ValueError):
+                pass
+        return self._cpu_before + self._cpu_now
 
     async def start(self) -> None:
         """Start the process and wait until it is ready; then watch it in the background."""
@@ -218,6 +233,8 @@ class ModelProcess:
 
     async def _spawn(self) -> None:
         self.ready.clear()
+        self._cpu_before += self._cpu_now
+        self._cpu_now = 0.0
         with contextlib.suppress(FileNotFoundError):
             self.settings.socket_path.unlink()  # a dead process's socket
         self.process = await asyncio.create_subprocess_exec(
