@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections import deque
@@ -34,6 +33,7 @@ from pathlib import Path
 import aiohttp
 
 from musetalk_core.types import AvatarRtcError
+from rtc_server.child_processes import stop_processes
 from rtc_server.cpu_priority import SPEECH_NICE
 from rtc_server.local_llm.weights import QWEN_05B, prepared_model_file
 
@@ -307,17 +307,8 @@ class ModelProcess:
 
     async def stop(self) -> None:
         self._stopping = True
-        process = self.process
-        if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(STOP_S):
-                    await process.wait()
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+        if self.process is not None:
+            await stop_processes([self.process], STOP_S)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

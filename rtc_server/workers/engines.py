@@ -10,14 +10,13 @@ and stops them after the workers have drained.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rtc_server.child_processes import stop_processes
 from rtc_server.config import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -137,18 +136,7 @@ class EngineProcesses:
 
     async def stop(self) -> None:
         self._stopping = True
-        running = [e.process for e in self.engines if e.process and e.process.returncode is None]
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        for process in running:
-            try:
-                async with asyncio.timeout(STOP_S):
-                    await process.wait()
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+        await stop_processes([e.process for e in self.engines if e.process], STOP_S)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
