@@ -9,7 +9,6 @@ only ``lo``: nothing can leave the machine).
 from __future__ import annotations
 
 import contextlib
-import gc
 import shutil
 import time
 from collections.abc import Iterator
@@ -54,24 +53,14 @@ def firefox(log: Path) -> Iterator[Any]:
     """A headless Firefox ESR with a fresh profile and a Marionette session on it."""
     from marionette_driver.marionette import Marionette
 
-    # mozprocess starts Firefox with a preexec_fn, so Python runs in the forked child before
-    # it execs; a garbage collection there freed a call's PyAV scaler, whose slice threads the
-    # child does not have, and the child hung in pthread_cond_destroy (a clean-clone CI run,
-    # py-spy). The garbage is freed here first, where its threads are, and the collector
-    # stays off while the browser is started.
-    gc.collect()
-    gc.disable()
-    try:
-        client = Marionette(
-            bin=str(FIREFOX),
-            port=0,
-            headless=True,
-            prefs=PREFS,
-            gecko_log=str(log),
-            startup_timeout=120,
-        )
-    finally:
-        gc.enable()
+    client = Marionette(
+        bin=str(FIREFOX),
+        port=0,
+        headless=True,
+        prefs=PREFS,
+        gecko_log=str(log),
+        startup_timeout=120,
+    )
     try:
         client.start_session()
         yield client
