@@ -169,7 +169,10 @@ async def test_ten_typed_turns_keep_the_first_token_quick_and_the_history_whole(
     finally:
         await client.close()
     after = await model_metrics(process)
+    written = after["tokens_predicted_total"] - before["tokens_predicted_total"]
+    writing_s = after["tokens_predicted_seconds_total"] - before["tokens_predicted_seconds_total"]
     print("first tokens (ms):", first_tokens)
+    print(f"written: {written:.0f} tokens at {written / writing_s:.1f} a second")
     print("replies:", replies)
 
     second = first_tokens[1]
