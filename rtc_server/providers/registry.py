@@ -68,7 +68,7 @@ def _pick(slot: str, wanted: str, cloud: list[tuple[str, bool, str]], local: str
 
 def _offline_llm(choice: Choice) -> Choice:
     """``local`` as chosen, or ``echo`` with the reason when the local model is not installed
-    (its weights' hash is checked later: :func:`checked_local_llm`)."""
+    (its weights' hash is checked when the providers load: :func:`_local_llm`)."""
     if choice.name != "local":
         return choice
     from rtc_server import local_llm
@@ -236,9 +236,11 @@ def _local_llm(
     socket = config.conversation.local_model_socket
     if socket is not None:
         return LocalLLM(socket, max_tokens=max_tokens, policy=policy), None, choice
+    folder = socket_dir()
     try:
-        settings = model_settings(config.server.cache_dir, socket_dir() / "model.sock")
+        settings = model_settings(config.server.cache_dir, folder / "model.sock")
     except (WeightsRefused, ModelProcessError) as exc:
+        folder.rmdir()
         logger.error("the local model was refused, answering with echo: %s", exc)
         return EchoLLM(), None, refused_local_llm(choice, str(exc))
     llm = LocalLLM(settings.socket_path, max_tokens=max_tokens, policy=policy)
