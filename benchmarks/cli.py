@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import synthesis, turn_taking
+from benchmarks import prompt_check, synthesis, turn_taking
 from benchmarks.report import table, write_json
 
 
@@ -610,7 +610,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tt = turn_taking.add_parser(sub)
     sth = synthesis.add_parser(sub)
-    sth.add_argument("--json", type=Path, default=None, help="write results here")
+    pro = prompt_check.add_parser(sub)
+    for p in (sth, pro):
+        p.add_argument("--json", type=Path, default=None, help="write results here")
     for p in (brw, syn, lod):
         p.add_argument("--url", default=None, help="a running server (default: in-process)")
     for p in (enc, eng, cal, lat, con, vad, vis, brw, syn, lod, tt):
@@ -634,6 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load": _load,
         "turn-taking": turn_taking.command,
         "synthesis": synthesis.command,
+        "prompt": prompt_check.command,
     }[args.bench]
     settings, results = runner(args)
     if args.json is not None:

@@ -291,3 +291,24 @@ def test_bench_synthesis(tmp_path: Path) -> None:
         assert r["of"] == 3 and 0 <= r["torn"] <= 3 and len(r["replies_ms"]) == 3
         assert r["torn"] == sum(1 for x in r["replies_ms"] if x["gap_ms"] > 0)
         assert all(x["first_audio_ms"] > 0 for x in r["replies_ms"])
+
+
+def test_bench_prompt(tmp_path: Path) -> None:
+    # Every question is asked of the local model and its answer kept; the counts are the
+    # answers'. "A reply that says it cannot know" is a word list: checked on its own.
+    from benchmarks.prompt_check import HELD_OUT, PLAIN, TUNED, declines, summary
+
+    assert declines("Sorry, I can't know today's weather.")
+    assert declines("I have no clock, so I cannot tell the time.")
+    assert not declines("The capital of Italy is Rome.")
+    out = tmp_path / "out.json"
+    assert main(["prompt", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    results = doc["results"]
+    answers = results["answers"]
+    assert [a["question"] for a in answers] == [*TUNED, *HELD_OUT, *(q for q, _ in PLAIN)]
+    assert all(a["answer"] for a in answers)
+    assert {k: results[k] for k in summary(answers)} == summary(answers)
+    paris = next(a for a in answers if "France" in a["question"])
+    assert "paris" in paris["answer"].lower(), paris
