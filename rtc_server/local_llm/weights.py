@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import BinaryIO
 
 from musetalk_core.types import AvatarRtcError
 
@@ -131,20 +132,29 @@ def _checked_part(part: Part) -> Iterator[bytes]:
         )
 
 
-def _whole_file_refusal(model: PackagedModel, path: Path, size: int, sha256: str) -> str:
+def _cached_mismatch(model: PackagedModel, path: Path) -> str | None:
+    """Why the cached file at ``path`` is not the model's ("missing", or its size and hash),
+    or None when it is."""
+    if not path.exists():
+        return "missing"
+    size, sha256 = path.stat().st_size, file_sha256(path)
+    if size == model.size and sha256 == model.sha256:
+        return None
     return (
         f"{path} does not match the SHA-256 of {model.file_name} ({size} bytes, sha256 "
         f"{sha256}; want {model.size} bytes, sha256 {model.sha256})"
     )
 
 
-def check_parts(model: PackagedModel = QWEN_05B) -> None:
-    """Raise :class:`WeightsRefused` unless every installed part and their concatenation
-    match (reads them all, writes nothing)."""
+def _put_together(model: PackagedModel, out: BinaryIO | None = None) -> None:
+    """Read every installed part, each checked, into ``out`` (None: nowhere); raise
+    :class:`WeightsRefused` unless the parts and their concatenation match."""
     digest = hashlib.sha256()
     for part in model.parts:
         for chunk in _checked_part(part):
             digest.update(chunk)
+            if out is not None:
+                out.write(chunk)
     if digest.hexdigest() != model.sha256:
         raise WeightsRefused(
             f"the parts of {model.file_name} put together do not match its SHA-256 "
@@ -152,17 +162,10 @@ def check_parts(model: PackagedModel = QWEN_05B) -> None:
         )
 
 
-def _cached_is_sound(model: PackagedModel, path: Path) -> bool:
-    if not path.exists():
-        return False
-    size, sha256 = path.stat().st_size, file_sha256(path)
-    if size == model.size and sha256 == model.sha256:
-        return True
-    logger.warning(
-        "refused %s; putting it together again from the installed packages",
-        _whole_file_refusal(model, path, size, sha256),
-    )
-    return False
+def check_parts(model: PackagedModel = QWEN_05B) -> None:
+    """Raise :class:`WeightsRefused` unless every installed part and their concatenation
+    match (reads them all, writes nothing)."""
+    _put_together(model)
 
 
 def prepared_model_file(cache_dir: Path, model: PackagedModel = QWEN_05B) -> Path:
@@ -173,21 +176,16 @@ def prepared_model_file(cache_dir: Path, model: PackagedModel = QWEN_05B) -> Pat
     Raises :class:`WeightsRefused` with the name of the file that does not match.
     """
     path = model.cached_file(cache_dir)
-    if _cached_is_sound(model, path):
+    mismatch = _cached_mismatch(model, path)
+    if mismatch is None:
         return path
+    if mismatch != "missing":
+        logger.warning("refused %s; putting it together again from the packages", mismatch)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".assembling-", dir=path.parent)
     try:
-        digest = hashlib.sha256()
         with os.fdopen(fd, "wb") as out:
-            for part in model.parts:
-                for chunk in _checked_part(part):
-                    digest.update(chunk)
-                    out.write(chunk)
-        if digest.hexdigest() != model.sha256:
-            raise WeightsRefused(
-                _whole_file_refusal(model, Path(tmp), model.size, digest.hexdigest())
-            )
+            _put_together(model, out)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -200,9 +198,7 @@ def model_status(cache_dir: Path, model: PackagedModel = QWEN_05B) -> str:
     """One line for ``doctor``: the model that would answer and where from, or why not
     (raises :class:`WeightsRefused`). Writes nothing."""
     path = model.cached_file(cache_dir)
-    if path.exists():
-        size, sha256 = path.stat().st_size, file_sha256(path)
-        if size == model.size and sha256 == model.sha256:
-            return f"{model.name} ({model.licence}), {path}, sha256 checked"
+    if _cached_mismatch(model, path) is None:
+        return f"{model.name} ({model.licence}), {path}, sha256 checked"
     check_parts(model)
     return f"{model.name} ({model.licence}), from its installed packages, sha256 checked"
