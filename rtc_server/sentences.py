@@ -13,6 +13,13 @@ _CLAUSE = re.compile(r"[,;:]\s+")
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof sr jr st vs etc e.g i.e approx no fig inc ltd co".split()
 )
+# A first piece cut after a number of words does not end on a word that leans on the next one
+# ("The capital of" | "France is Paris."): the voice would drop its pitch mid-phrase.
+_LEANING = frozenset(
+    "a an the of to in on at by for from with and or but as is are was were be has have had "
+    "do does not no my your our their his her its this that these those than very so if".split()
+)
+_WORD = re.compile(r"\S+(?=\s)")
 
 
 MAX_PIECE_CHARS = 240
@@ -52,12 +59,24 @@ def bounded_pieces(text: str, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
 class SentenceSplitter:
     """Feed text deltas; get back every sentence they complete. ``flush`` gives the rest."""
 
-    def __init__(self, *, min_chars: int = 12, first_clause_chars: int | None = 8) -> None:
+    def __init__(
+        self,
+        *,
+        min_chars: int = 12,
+        first_clause_chars: int | None = 8,
+        first_words: int | None = None,
+    ) -> None:
         self._buffer = ""
         self._min_chars = min_chars
         """Shorter pieces ("Yes." "Hi!") wait for the next sentence: one TTS call is cheaper."""
         self._first_clause_chars = first_clause_chars
         """None: never cut at a clause. Else the first piece may end at , ; : when this long."""
+        self._first_words = first_words
+        """None: the first piece waits for a sentence or clause end. Else it ends after this
+        many whole words (or the first word after them that does not lean on the next) when
+        neither came sooner: for a slow LLM, whose sentence takes longer to write than its
+        first words take to speak. The cut depends only on the text and where its deltas
+        split it, so the same stream is cut the same way twice (rtc_server/speculation.py)."""
         self._first = True
 
     def feed(self, delta: str) -> list[str]:
@@ -84,6 +103,12 @@ class SentenceSplitter:
             pieces.append(candidate)
             start = match.end()
             self._first = False
+        if self._first and self._first_words is not None:
+            cut = self._first_words_end()
+            if cut is not None:
+                pieces.append(self._buffer[:cut].strip())
+                start = cut
+                self._first = False
         self._buffer = self._buffer[start:]
         while len(self._buffer.strip()) > MAX_PIECE_CHARS:
             # No sentence end for a long while: speak what fits rather than wait for one.
@@ -93,6 +118,15 @@ class SentenceSplitter:
             self._buffer = self._buffer[cut:]
             self._first = False
         return pieces
+
+    def _first_words_end(self) -> int | None:
+        """Where the first piece ends by its words, if the buffer holds enough of them."""
+        assert self._first_words is not None
+        for count, word in enumerate(_WORD.finditer(self._buffer), 1):
+            bare = word.group().strip(".,;:!?…\"'()[]").lower()
+            if count >= self._first_words and bare not in _LEANING:
+                return word.end()
+        return None
 
     def flush(self) -> list[str]:
         """What is left, in pieces of at most ``MAX_PIECE_CHARS`` (none when nothing is)."""

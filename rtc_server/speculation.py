@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Generic, TypeVar
 
 from musetalk_core.types import AudioChunk
@@ -101,12 +102,19 @@ class SpeculativeReply:
         history: Sequence[ChatMessage],
         text: str,
         tasks: CallTasks,
+        *,
+        first_words: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.text = text
+        self.started_at = clock()
+        """When its LLM request went out (the turn reports how long before its end)."""
         self.history = tuple(history)
         self._llm = llm
         self._tts = tts
         self._tasks = tasks
+        self._first_words = first_words
+        """The reply's splitting (its SentenceSplitter's), so the first piece is the same."""
         self._deltas: ReadAhead[str] = ReadAhead(
             llm.stream([*self.history, ChatMessage("user", text)]), tasks, "speculative-llm"
         )
@@ -122,7 +130,7 @@ class SpeculativeReply:
         return not self.closed and text == self.text and tuple(history) == self.history
 
     async def _voice_first_sentence(self) -> None:
-        splitter = SentenceSplitter()
+        splitter = SentenceSplitter(first_words=self._first_words)
         read = 0
         while True:
             await self._deltas.wait_for(read + 1)

@@ -98,6 +98,9 @@ class ListenSettings:
     model): every turn ends after ``vad.hangover_ms``."""
     speculate: bool = True
     """Start the reply (LLM and first sentence's voice) at a pause, before the turn ends."""
+    first_piece_words: int | None = None
+    """The reply's first piece is spoken after this many words when its sentence has not
+    ended by then (rtc_server/sentences.py); None: after its first sentence or clause."""
 
 
 class TurnController:
@@ -361,7 +364,13 @@ class TurnController:
         if not text or llm is None:
             return None
         return SpeculativeReply(
-            llm, self.providers.tts, self.conversation.messages(), text, self.tasks
+            llm,
+            self.providers.tts,
+            self.conversation.messages(),
+            text,
+            self.tasks,
+            first_words=self.settings.first_piece_words,
+            clock=self.clock,
         )
 
     async def _transcribe(self, audio: np.ndarray) -> str:
@@ -424,6 +433,7 @@ class TurnController:
         if speculation is not None and speculation.matches(self.conversation.messages(), text):
             llm, tts = speculation.llm(), speculation.tts()
             speculation.taken = timer.speculated = True
+            timer.stages["speculation_lead_ms"] = (self.clock() - speculation.started_at) * 1000
             self._metrics.speculative_replies.labels("used").inc()
         self.conversation.add("user", text)
         utterance = Utterance()
@@ -468,7 +478,7 @@ class TurnController:
         self.finish_turn(timer)
 
     async def _sentences(self, llm: LLM, timer: TurnTimer) -> AsyncGenerator[str, None]:
-        splitter = SentenceSplitter()
+        splitter = SentenceSplitter(first_words=self.settings.first_piece_words)
         timer.mark("llm_start")
         async for delta in llm.stream(self.conversation.messages()):
             timer.mark("llm_first_token")

@@ -80,3 +80,38 @@ def test_long_unpunctuated_text_is_cut_into_bounded_pieces() -> None:
         out += splitter.feed(word + " ")
     assert out and all(len(p) <= MAX_PIECE_CHARS for p in out)
     assert " ".join(out + splitter.flush()) == words
+
+
+def _fed(splitter: SentenceSplitter, deltas: list[str]) -> list[list[str]]:
+    return [splitter.feed(delta) for delta in deltas]
+
+
+def test_a_slow_model_s_first_piece_ends_after_its_first_words() -> None:
+    # Token by token: the fourth word is whole once the space after it arrives.
+    splitter = SentenceSplitter(first_words=4)
+    deltas = ["The", " capital", " of", " France", " is", " Paris", ".", " It", " is", " big", "."]
+    pieces = _fed(splitter, deltas)
+    assert pieces[:4] == [[], [], [], []]  # "France" may go on ("Francesca")
+    assert pieces[4] == ["The capital of France"]
+    assert sum(pieces[5:], []) + splitter.flush() == ["is Paris. It is big."]
+
+
+@pytest.mark.parametrize(
+    ("text", "first"),
+    [
+        # Never on a word that leans on the next: the voice would drop its pitch there.
+        ("I cannot know the weather today, sorry. ", "I cannot know the weather"),
+        ("It is in the north of Italy. ", "It is in the north"),
+        # A sentence or a clause that ends first is the first piece, as without the count.
+        ("Two plus two is four. Easy. ", "Two plus two is four."),
+        ("You said: what is the capital of France? ", "You said:"),
+        # A too-short sentence still waits; the count goes on past it.
+        ("Yes. The capital of France is Paris. ", "Yes. The capital of France"),
+    ],
+)
+def test_where_the_first_words_end(text: str, first: str) -> None:
+    tokens = [text[i : i + 2] for i in range(0, len(text), 2)]
+    splitter = SentenceSplitter(first_words=4)
+    pieces = sum(_fed(splitter, tokens), []) + splitter.flush()
+    assert pieces[0] == first
+    assert " ".join(pieces) == text.strip()  # nothing lost, nothing doubled

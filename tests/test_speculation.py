@@ -88,6 +88,32 @@ async def test_the_reply_started_at_the_pause_is_the_one_played_when_the_turn_en
     await call.close()
 
 
+async def test_a_slow_model_s_first_words_are_voiced_at_the_pause_and_played() -> None:
+    # The local model's setting: the first piece ends after four words, not the sentence.
+    llm = HeldLLM("The capital of France is Paris. It is lovely.")
+    call = Call(llm=llm, first_piece_words=4)
+    audio = utterance(1.0)
+    pause(call, audio)
+    # Four words are in, the rest of the sentence not yet: they are voiced already.
+    await wait_until(lambda: call.tts.spoken == ["The capital of France"])
+    call.clock.advance(0.5)
+    call.turns.on_vad(end_of(audio))
+    llm.release.set()
+    await call.play_until(lambda: bool(call.of_type("turn")))
+    await call.play_until(lambda: call.turns.state is CallState.LISTENING, 2)
+    # The reply took the speculation's first piece (not synthesized again) and went on.
+    assert len(llm.asked) == 1
+    assert call.tts.spoken == ["The capital of France", "is Paris. It is lovely."]
+    assert [e["text"] for e in call.of_type("response")] == call.tts.spoken
+    turn = call.of_type("turn")[0]
+    assert turn["speculated"] is True
+    assert turn["metrics"]["tts_first_audio_ms"] == 0.0
+    assert turn["metrics"]["speculation_lead_ms"] >= 500.0  # asked at the pause, 0.5 s before
+    history = call.turns.conversation.messages()
+    assert history[-1].content == "The capital of France is Paris. It is lovely."
+    await call.close()
+
+
 async def test_a_caller_who_goes_on_after_the_pause_leaves_nothing_of_the_speculation() -> None:
     llm = HeldLLM()
     call = Call(llm=llm, stt=FakeSTT("I would like to"))

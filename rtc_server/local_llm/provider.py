@@ -24,6 +24,12 @@ RESTART_ATTEMPTS = 5
 """Tries of a request that could not reach the model process (0.25 + 0.5 + 1 + 2 s of waits):
 one that died is back, loaded, within about a second."""
 
+FIRST_PIECE_WORDS = 4
+"""The local model writes about 27 tokens a second on two cores: a first sentence of 8-10
+tokens is a third of a second, and its synthesis as long again. Its replies are spoken from
+their first four words on (rtc_server/sentences.py), the rest of the sentence written and
+synthesized while those play (benchmarks/README.md, "the local language model")."""
+
 
 class LocalLLM:
     """Replies from the model process listening on ``socket_path``."""
