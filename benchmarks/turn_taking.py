@@ -96,7 +96,7 @@ async def pausing_turn(client: CallClient, mic: Microphone, pcm: np.ndarray) -> 
     }
 
 
-async def _measure(rounds: int, pause_ms: int, hangover_ms: int) -> dict[str, Any]:
+async def _measure(rounds: int, pause_ms: int, hangover_ms: int, llm: str) -> dict[str, Any]:
     from benchmarks.call import _server
     from benchmarks.clip import engine_factory, speech_pcm, speech_with_pause
     from benchmarks.latency import QUESTIONS, connect_caller, one_turn
@@ -108,8 +108,11 @@ async def _measure(rounds: int, pause_ms: int, hangover_ms: int) -> dict[str, An
     try:
         for name, settings in MODES.items():
             servers[name] = await _server(
-                factory, vad_hangover_ms=hangover_ms, piper_deterministic=True, **settings
+                factory, vad_hangover_ms=hangover_ms, piper_deterministic=True, llm=llm, **settings
             )
+        # With the local model each mode has a model process of its own: its CPU is the
+        # mode's LLM cost, speculations used and discarded included.
+        model_cpu = {name: _model_cpu(runner) for name, (_, runner, _) in servers.items()}
         complete = [await speech_pcm(q) for q in QUESTIONS]
         pausing = [await speech_with_pause(q, n, pause_ms) for q, n in PAUSING]
         turns: dict[str, list[dict[str, Any]]] = {name: [] for name in MODES}
@@ -138,13 +141,28 @@ async def _measure(rounds: int, pause_ms: int, hangover_ms: int) -> dict[str, An
             used = metrics.get_sample_value(
                 "avatar_rtc_speculative_replies_total", {"outcome": "used"}
             )
+            deltas = metrics.get_sample_value("avatar_rtc_discarded_speculation_deltas_total")
+            cpu, cpu_before = _model_cpu(runner), model_cpu[name]
             rows[name] = _row(turns[name], pauses[name], used or 0.0, discarded or 0.0)
+            rows[name]["discarded_speculation_deltas"] = int(deltas or 0)
+            asked = len(turns[name]) + len(pauses[name])
+            rows[name]["model_cpu_s_per_question"] = (
+                None if cpu is None or cpu_before is None else (cpu - cpu_before) / asked
+            )
     finally:
         for client, _ in callers.values():
             await client.close()
         for _, runner, _ in servers.values():
             await runner.cleanup()
     return {"modes": rows, "raw": {"complete": turns, "pausing": pauses}}
+
+
+def _model_cpu(runner: Any) -> float | None:
+    """CPU seconds of the server's local model process so far (None: it has none)."""
+    from rtc_server.app import MANAGER
+
+    process = runner.app[MANAGER].model_process
+    return None if process is None else float(process.cpu_seconds())
 
 
 def _row(
@@ -178,11 +196,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2, help="times every question is asked")
     p.add_argument("--pause-ms", type=int, default=600, help="the pause inside the questions")
     p.add_argument("--hangover-ms", type=int, default=400, help="the fixed hang-over")
+    p.add_argument(
+        "--llm",
+        choices=("echo", "local"),
+        default="echo",
+        help="the servers' LLM: the deterministic echo, or the local model (a process per "
+        "mode, whose CPU per question the table gives)",
+    )
     return p
 
 
 def command(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    r = asyncio.run(_measure(args.rounds, args.pause_ms, args.hangover_ms))
+    r = asyncio.run(_measure(args.rounds, args.pause_ms, args.hangover_ms, args.llm))
     rows = []
     for name, m in r["modes"].items():
         s = m["stages_ms"]
@@ -197,6 +222,10 @@ def command(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                 f"{m['false_cutoffs']}/{m['pausing_questions']}",
                 m["pausing_first_audio_ms"].get("p50", float("nan")),
                 f"{m['speculative_replies']['used']}/{m['speculative_replies']['discarded']}",
+                m["discarded_speculation_deltas"],
+                float("nan")
+                if m["model_cpu_s_per_question"] is None
+                else m["model_cpu_s_per_question"],
             ]
         )
     headers = [
@@ -209,7 +238,14 @@ def command(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "false cut-offs",
         "pausing: first audio p50",
         "speculation used/discarded",
+        "discarded deltas",
+        "model CPU s/question",
     ]
     print(table(headers, rows))
-    settings = {"rounds": args.rounds, "pause_ms": args.pause_ms, "hangover_ms": args.hangover_ms}
+    settings = {
+        "rounds": args.rounds,
+        "pause_ms": args.pause_ms,
+        "hangover_ms": args.hangover_ms,
+        "llm": args.llm,
+    }
     return settings, r

@@ -118,6 +118,13 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.discarded_speculation_deltas = Counter(
+            "avatar_rtc_discarded_speculation_deltas",
+            "Text deltas (about a token each) the LLM had written for replies started at a "
+            "pause and discarded, until their requests were closed: what speculation wrote "
+            "for nothing.",
+            registry=self.registry,
+        )
 
         self.model_restarts = Counter(
             "avatar_rtc_model_restarts",

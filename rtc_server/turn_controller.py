@@ -332,6 +332,7 @@ class TurnController:
             if reply is not None and not reply.taken:
                 reply.close()
                 self._metrics.speculative_replies.labels("discarded").inc()
+                self._metrics.discarded_speculation_deltas.inc(len(reply.deltas.items))
 
         if speculating.done():
             closed(speculating)

@@ -125,6 +125,9 @@ async def test_a_caller_who_goes_on_after_the_pause_leaves_nothing_of_the_specul
     assert call.events == []
     assert [m.role for m in call.turns.conversation.messages()] == ["system"]
     assert speculated(call, "discarded") == 1.0
+    # What it wrote for nothing is counted: its four words, one delta each.
+    registry = call.turns._metrics.registry
+    assert registry.get_sample_value("avatar_rtc_discarded_speculation_deltas_total") == 4.0
     # The whole turn is answered on its own words.
     call.stt.text = "I would like to know more about the bridges"
     llm.release.set()
