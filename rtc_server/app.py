@@ -35,7 +35,7 @@ from rtc_server.headroom import Headroom, HeadroomSettings, MachineCpu
 from rtc_server.ice import IceServers, announce_address
 from rtc_server.internal_site import add_internal_routes
 from rtc_server.local_llm.process import ModelProcess, ModelProcessError
-from rtc_server.local_llm.provider import FIRST_PIECE_WORDS as LOCAL_FIRST_PIECE_WORDS
+from rtc_server.local_llm.provider import FIRST_WORDS as LOCAL_FIRST_WORDS
 from rtc_server.local_llm.provider import LocalLLM
 from rtc_server.media import libopus
 from rtc_server.media.clock import VIDEO_RATE
@@ -168,9 +168,7 @@ class SessionManager:
         self.engine_factory = factory
         self.choices = chosen.choices
         if isinstance(chosen.llm, LocalLLM):
-            self.settings = dataclasses.replace(
-                self.settings, first_piece_words=LOCAL_FIRST_PIECE_WORDS
-            )
+            self.settings = dataclasses.replace(self.settings, first_words=LOCAL_FIRST_WORDS)
         self.providers = Providers(
             tts=chosen.tts,
             llm=chosen.llm,

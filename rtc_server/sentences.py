@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 # A sentence ends at . ! ? (or …) followed by white space, unless the word is a common
 # abbreviation or a single initial ("Dr. Smith", "J. R. R."), or a number goes on ("3.14").
@@ -56,6 +59,21 @@ def bounded_pieces(text: str, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
     return pieces
 
 
+@dataclass(frozen=True, slots=True)
+class FirstWords:
+    """A reply's first piece cut after its first words, for a slow LLM: one whose sentence
+    takes longer to write than its first words take to speak."""
+
+    words: int = 4
+    """Whole words before the cut (or the first word after them that does not lean on the
+    next), when no sentence or clause ended sooner."""
+    min_rate: float = 10.0
+    """Deltas a second (about tokens) the LLM must be writing at, over those words. Slower
+    (a model shared by several calls), the rest of the sentence would not be written and
+    voiced before the first words are spoken, and the caller would hear a gap mid-sentence:
+    the piece then waits for its sentence, as without the cut."""
+
+
 class SentenceSplitter:
     """Feed text deltas; get back every sentence they complete. ``flush`` gives the rest."""
 
@@ -64,7 +82,9 @@ class SentenceSplitter:
         *,
         min_chars: int = 12,
         first_clause_chars: int | None = 8,
-        first_words: int | None = None,
+        first_words: FirstWords | None = None,
+        first_piece: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._buffer = ""
         self._min_chars = min_chars
@@ -72,18 +92,26 @@ class SentenceSplitter:
         self._first_clause_chars = first_clause_chars
         """None: never cut at a clause. Else the first piece may end at , ; : when this long."""
         self._first_words = first_words
-        """None: the first piece waits for a sentence or clause end. Else it ends after this
-        many whole words (or the first word after them that does not lean on the next) when
-        neither came sooner: for a slow LLM, whose sentence takes longer to write than its
-        first words take to speak. The cut depends only on the text and where its deltas
-        split it, so the same stream is cut the same way twice (rtc_server/speculation.py)."""
+        """None: the first piece waits for a sentence or clause end."""
+        self._first_piece = first_piece
+        """The first piece another splitter cut from the same stream (a speculation's,
+        rtc_server/speculation.py): cut there, whatever the pace of this reading of it."""
+        self._clock = clock
+        self._first_delta_at: float | None = None
+        self._deltas = 0
         self._first = True
 
     def feed(self, delta: str) -> list[str]:
         self._buffer += delta
+        if delta:
+            self._deltas += 1
+            if self._first_delta_at is None:
+                self._first_delta_at = self._clock()
         pieces: list[str] = []
         start = 0
-        if self._first and self._first_clause_chars is not None:
+        if self._first and self._first_piece is not None:
+            start = self._given_first_piece(pieces)
+        if self._first and self._first_piece is None and self._first_clause_chars is not None:
             clause = _CLAUSE.search(self._buffer)
             end = _END.search(self._buffer)
             if clause and (end is None or clause.start() < end.start()):
@@ -103,7 +131,7 @@ class SentenceSplitter:
             pieces.append(candidate)
             start = match.end()
             self._first = False
-        if self._first and self._first_words is not None:
+        if self._first and self._first_piece is None and self._first_words is not None:
             cut = self._first_words_end()
             if cut is not None:
                 pieces.append(self._buffer[:cut].strip())
@@ -119,14 +147,34 @@ class SentenceSplitter:
             self._first = False
         return pieces
 
+    def _given_first_piece(self, pieces: list[str]) -> int:
+        """Cut the given first piece once the buffer holds it and what follows; forget it if
+        the text turns out otherwise. Where the rest of the buffer starts."""
+        assert self._first_piece is not None
+        text = self._buffer.lstrip()
+        if text.startswith(self._first_piece) and len(text) > len(self._first_piece):
+            pieces.append(self._first_piece)
+            self._first = False
+            return len(self._buffer) - len(text) + len(self._first_piece)
+        if not self._first_piece.startswith(text):
+            self._first_piece = None  # another text: the usual rules
+        return 0
+
     def _first_words_end(self) -> int | None:
-        """Where the first piece ends by its words, if the buffer holds enough of them."""
-        assert self._first_words is not None
+        """Where the first piece ends by its words, if the buffer holds enough of them and
+        the LLM writes them fast enough."""
+        rule = self._first_words
+        assert rule is not None
         for count, word in enumerate(_WORD.finditer(self._buffer), 1):
             bare = word.group().strip(".,;:!?…\"'()[]").lower()
-            if count >= self._first_words and bare not in _LEANING:
-                return word.end()
+            if count >= rule.words and bare not in _LEANING:
+                return word.end() if self._writes_fast(rule.min_rate) else None
         return None
+
+    def _writes_fast(self, min_rate: float) -> bool:
+        assert self._first_delta_at is not None
+        elapsed = self._clock() - self._first_delta_at
+        return elapsed <= 0 or (self._deltas - 1) / elapsed >= min_rate
 
     def flush(self) -> list[str]:
         """What is left, in pieces of at most ``MAX_PIECE_CHARS`` (none when nothing is)."""

@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 from musetalk_core.types import AudioChunk
 from rtc_server.call_tasks import CallTasks
 from rtc_server.providers.base import LLM, TTS, ChatMessage
-from rtc_server.sentences import SentenceSplitter
+from rtc_server.sentences import FirstWords, SentenceSplitter
 
 __all__ = ["ReadAhead", "SpeculativeReply"]
 
@@ -103,7 +103,7 @@ class SpeculativeReply:
         text: str,
         tasks: CallTasks,
         *,
-        first_words: int | None = None,
+        first_words: FirstWords | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.text = text
@@ -114,7 +114,8 @@ class SpeculativeReply:
         self._tts = tts
         self._tasks = tasks
         self._first_words = first_words
-        """The reply's splitting (its SentenceSplitter's), so the first piece is the same."""
+        """The reply's rule for its first piece; the reply then cuts where this one did."""
+        self._clock = clock
         self._deltas: ReadAhead[str] = ReadAhead(
             llm.stream([*self.history, ChatMessage("user", text)]), tasks, "speculative-llm"
         )
@@ -130,7 +131,7 @@ class SpeculativeReply:
         return not self.closed and text == self.text and tuple(history) == self.history
 
     async def _voice_first_sentence(self) -> None:
-        splitter = SentenceSplitter(first_words=self._first_words)
+        splitter = SentenceSplitter(first_words=self._first_words, clock=self._clock)
         read = 0
         while True:
             await self._deltas.wait_for(read + 1)
@@ -147,6 +148,15 @@ class SpeculativeReply:
         if first is not None:
             self._first_sentence = first
             self._audio = ReadAhead(self._tts.synthesize(first), self._tasks, "speculative-audio")
+
+    def take(self) -> str | None:
+        """A reply takes it: the first piece it cut, which the reply cuts too (its synthesis
+        is the one :meth:`audio_for` gives). None when none is cut yet: the reply cuts its
+        own, and the voicing here stops, its piece no longer wanted."""
+        self.taken = True
+        if self._first_sentence is None:
+            self._voicing.cancel()
+        return self._first_sentence
 
     def llm(self) -> LLM:
         """An LLM whose stream of this reply's messages is the one read ahead."""

@@ -29,7 +29,7 @@ from rtc_server.metrics import Metrics
 from rtc_server.providers.base import LLM, STT, TTS, ProviderError
 from rtc_server.providers.openai_realtime import OpenAIRealtime
 from rtc_server.realtime_turns import RealtimeTurns
-from rtc_server.sentences import SentenceSplitter, bounded_pieces
+from rtc_server.sentences import FirstWords, SentenceSplitter, bounded_pieces
 from rtc_server.speculation import SpeculativeReply
 from rtc_server.speech import SpeechOutput, Utterance
 from rtc_server.turns import DEFAULT_SYSTEM_PROMPT, Conversation, TurnTimer
@@ -98,9 +98,10 @@ class ListenSettings:
     model): every turn ends after ``vad.hangover_ms``."""
     speculate: bool = True
     """Start the reply (LLM and first sentence's voice) at a pause, before the turn ends."""
-    first_piece_words: int | None = None
-    """The reply's first piece is spoken after this many words when its sentence has not
-    ended by then (rtc_server/sentences.py); None: after its first sentence or clause."""
+    first_words: FirstWords | None = None
+    """The reply's first piece is spoken after its first words when its sentence has not
+    ended by then and the LLM writes fast enough (rtc_server/sentences.py); None: after its
+    first sentence or clause."""
 
 
 class TurnController:
@@ -370,7 +371,7 @@ class TurnController:
             self.conversation.messages(),
             text,
             self.tasks,
-            first_words=self.settings.first_piece_words,
+            first_words=self.settings.first_words,
             clock=self.clock,
         )
 
@@ -431,9 +432,11 @@ class TurnController:
         llm, tts = self.providers.llm, self.providers.tts
         assert llm is not None
         self.set_state(CallState.THINKING)
+        first_piece = None
         if speculation is not None and speculation.matches(self.conversation.messages(), text):
             llm, tts = speculation.llm(), speculation.tts()
-            speculation.taken = timer.speculated = True
+            first_piece = speculation.take()
+            timer.speculated = True
             timer.stages["speculation_lead_ms"] = (self.clock() - speculation.started_at) * 1000
             self._metrics.speculative_replies.labels("used").inc()
         self.conversation.add("user", text)
@@ -441,7 +444,7 @@ class TurnController:
         try:
             await self.speech.speak(
                 tts,
-                self._sentences(llm, timer),
+                self._sentences(llm, timer, first_piece),
                 utterance,
                 on_tts_audio=lambda: timer.mark("tts_first_audio"),
             )
@@ -478,8 +481,14 @@ class TurnController:
             timer.mark("first_frame", utterance.first_played_at)
         self.finish_turn(timer)
 
-    async def _sentences(self, llm: LLM, timer: TurnTimer) -> AsyncGenerator[str, None]:
-        splitter = SentenceSplitter(first_words=self.settings.first_piece_words)
+    async def _sentences(
+        self, llm: LLM, timer: TurnTimer, first_piece: str | None = None
+    ) -> AsyncGenerator[str, None]:
+        """The reply's pieces as the LLM writes them; ``first_piece``: the one a speculation
+        cut (and voiced) from the same stream."""
+        splitter = SentenceSplitter(
+            first_words=self.settings.first_words, first_piece=first_piece, clock=self.clock
+        )
         timer.mark("llm_start")
         async for delta in llm.stream(self.conversation.messages()):
             timer.mark("llm_first_token")

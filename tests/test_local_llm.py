@@ -30,7 +30,7 @@ from benchmarks.latency import connect_caller
 from rtc_server.cli import main
 from rtc_server.engine_factory import EngineFactory
 from rtc_server.local_llm.process import ModelProcess
-from rtc_server.local_llm.provider import FIRST_PIECE_WORDS
+from rtc_server.local_llm.provider import FIRST_WORDS
 from rtc_server.local_llm.weights import QWEN_05B, WeightsRefused, part_file, prepared_model_file
 from rtc_server.media.resample import resample_int16
 from rtc_server.providers.echo_llm import EchoLLM
@@ -126,7 +126,7 @@ async def test_asked_by_voice_the_local_model_says_paris(local_server: LiveServe
     assert "paris" in words(reply), reply
     assert not reply.startswith("You said"), reply
     # Its first words were spoken without waiting for the whole sentence to be written.
-    assert manager.settings.first_piece_words == FIRST_PIECE_WORDS
+    assert manager.settings.first_words == FIRST_WORDS
     assert len(pieces) >= 2 and len(pieces[0].split()) < len(reply.split()), pieces
     # The words came from the model process: it generated them.
     assert (await model_metrics(process))["tokens_predicted_total"] > predicted

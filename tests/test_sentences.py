@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from rtc_server.sentences import MAX_PIECE_CHARS, SentenceSplitter, bounded_pieces
+from rtc_server.sentences import MAX_PIECE_CHARS, FirstWords, SentenceSplitter, bounded_pieces
 
 
 def _split(deltas: list[str]) -> list[str]:
@@ -88,7 +88,7 @@ def _fed(splitter: SentenceSplitter, deltas: list[str]) -> list[list[str]]:
 
 def test_a_slow_model_s_first_piece_ends_after_its_first_words() -> None:
     # Token by token: the fourth word is whole once the space after it arrives.
-    splitter = SentenceSplitter(first_words=4)
+    splitter = SentenceSplitter(first_words=FirstWords(4))
     deltas = ["The", " capital", " of", " France", " is", " Paris", ".", " It", " is", " big", "."]
     pieces = _fed(splitter, deltas)
     assert pieces[:4] == [[], [], [], []]  # "France" may go on ("Francesca")
@@ -111,7 +111,49 @@ def test_a_slow_model_s_first_piece_ends_after_its_first_words() -> None:
 )
 def test_where_the_first_words_end(text: str, first: str) -> None:
     tokens = [text[i : i + 2] for i in range(0, len(text), 2)]
-    splitter = SentenceSplitter(first_words=4)
+    splitter = SentenceSplitter(first_words=FirstWords(4))
     pieces = sum(_fed(splitter, tokens), []) + splitter.flush()
     assert pieces[0] == first
     assert " ".join(pieces) == text.strip()  # nothing lost, nothing doubled
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_model_writing_slower_than_the_rule_s_rate_keeps_its_sentence_whole() -> None:
+    deltas = ["The", " capital", " of", " France", " is", " Paris", ".", " It"]
+    for gap_s, first in ((0.05, "The capital of France"), (0.2, "The capital of France is Paris.")):
+        clock = Clock()
+        splitter = SentenceSplitter(first_words=FirstWords(4, min_rate=10.0), clock=clock)
+        pieces = []
+        for delta in deltas:  # 20 deltas a second, then 5 (a model shared by many calls)
+            pieces += splitter.feed(delta)
+            clock.now += gap_s
+        assert pieces[0] == first, gap_s
+
+
+def test_a_given_first_piece_is_cut_whatever_the_pace() -> None:
+    # The speculation cut "The capital of France" while the model wrote fast; the reply reads
+    # the same stream from its buffer at another pace and cuts the same piece.
+    clock = Clock()
+    splitter = SentenceSplitter(
+        first_words=FirstWords(4), first_piece="The capital of France", clock=clock
+    )
+    assert splitter.feed("The capital") == []
+    clock.now += 10.0  # slow as can be
+    assert splitter.feed(" of France") == []
+    assert splitter.feed(" is Paris. It is big. ") == [
+        "The capital of France",
+        "is Paris. It is big.",
+    ]
+    # A stream that turns out otherwise is cut by the usual rules.
+    splitter = SentenceSplitter(first_piece="The capital of France")
+    assert splitter.feed("The capital city, as you know, is Paris. ") == [
+        "The capital city,",
+        "as you know, is Paris.",
+    ]

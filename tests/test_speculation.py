@@ -13,6 +13,7 @@ import numpy as np
 
 from rtc_server.end_of_turn import EndOfTurnParams
 from rtc_server.providers.base import ChatMessage
+from rtc_server.sentences import FirstWords
 from rtc_server.turn_controller import CallState
 from rtc_server.vad import SpeechPause, SpeechResume, SpeechStart
 from tests.test_turn_controller import Call, FakeLLM, FakeSTT, end_of, utterance
@@ -91,7 +92,7 @@ async def test_the_reply_started_at_the_pause_is_the_one_played_when_the_turn_en
 async def test_a_slow_model_s_first_words_are_voiced_at_the_pause_and_played() -> None:
     # The local model's setting: the first piece ends after four words, not the sentence.
     llm = HeldLLM("The capital of France is Paris. It is lovely.")
-    call = Call(llm=llm, first_piece_words=4)
+    call = Call(llm=llm, first_words=FirstWords(4))
     audio = utterance(1.0)
     pause(call, audio)
     # Four words are in, the rest of the sentence not yet: they are voiced already.
@@ -111,6 +112,28 @@ async def test_a_slow_model_s_first_words_are_voiced_at_the_pause_and_played() -
     assert turn["metrics"]["speculation_lead_ms"] >= 500.0  # asked at the pause, 0.5 s before
     history = call.turns.conversation.messages()
     assert history[-1].content == "The capital of France is Paris. It is lovely."
+    await call.close()
+
+
+async def test_a_turn_that_ends_before_the_first_words_are_in_cuts_its_own() -> None:
+    # Four words in, the last leaning on the next ("the"): nothing is cut when the turn ends.
+    llm = HeldLLM("I cannot know the weather today, sorry.")
+    call = Call(llm=llm, first_words=FirstWords(4))
+    audio = utterance(1.0)
+    pause(call, audio)
+    await wait_until(lambda: len(llm.asked) == 1)
+    await asyncio.sleep(0.05)
+    assert call.tts.spoken == []
+    call.clock.advance(0.5)
+    call.turns.on_vad(end_of(audio))
+    await wait_until(lambda: call.turns.state is CallState.THINKING)
+    llm.release.set()
+    await call.play_until(lambda: bool(call.of_type("turn")))
+    await call.play_until(lambda: call.turns.state is CallState.LISTENING, 2)
+    # The reply cut and voiced the first piece; the speculation voiced nothing of its own.
+    assert len(llm.asked) == 1
+    assert call.tts.spoken == ["I cannot know the weather", "today, sorry."]
+    assert call.of_type("turn")[0]["speculated"] is True
     await call.close()
 
 

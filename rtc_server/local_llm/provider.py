@@ -17,6 +17,7 @@ from rtc_server.providers.base import ChatMessage
 from rtc_server.providers.http import HTTPPolicy
 from rtc_server.providers.openai_llm import OpenAILLM
 from rtc_server.providers.openai_sdk import openai_client
+from rtc_server.sentences import FirstWords
 
 LOCAL_BASE_URL = "http://localhost/v1"
 """What the SDK is told; the requests go to the unix socket."""
@@ -24,11 +25,13 @@ RESTART_ATTEMPTS = 5
 """Tries of a request that could not reach the model process (0.25 + 0.5 + 1 + 2 s of waits):
 one that died is back, loaded, within about a second."""
 
-FIRST_PIECE_WORDS = 4
+FIRST_WORDS = FirstWords(words=4, min_rate=10.0)
 """The local model writes about 27 tokens a second on two cores: a first sentence of 8-10
 tokens is a third of a second, and its synthesis as long again. Its replies are spoken from
 their first four words on (rtc_server/sentences.py), the rest of the sentence written and
-synthesized while those play (benchmarks/README.md, "the local language model")."""
+synthesized while those play, unless it writes slower than 10 tokens a second (a model
+shared by several speaking calls): then the rest would come after a gap mid-sentence
+(benchmarks/README.md, "the local language model")."""
 
 
 class LocalLLM:
