@@ -89,6 +89,16 @@ async def test_the_reply_started_at_the_pause_is_the_one_played_when_the_turn_en
     await call.close()
 
 
+async def end_and_answer(call: Call, llm: HeldLLM, audio: np.ndarray) -> None:
+    """The turn ends 0.5 s after the pause; the LLM writes the rest; the reply plays out."""
+    call.clock.advance(0.5)
+    call.turns.on_vad(end_of(audio))
+    await wait_until(lambda: call.turns.state is CallState.THINKING)
+    llm.release.set()
+    await call.play_until(lambda: bool(call.of_type("turn")))
+    await call.play_until(lambda: call.turns.state is CallState.LISTENING, 2)
+
+
 async def test_a_slow_model_s_first_words_are_voiced_at_the_pause_and_played() -> None:
     # The local model's setting: the first piece ends after four words, not the sentence.
     llm = HeldLLM("The capital of France is Paris. It is lovely.")
@@ -97,11 +107,7 @@ async def test_a_slow_model_s_first_words_are_voiced_at_the_pause_and_played() -
     pause(call, audio)
     # Four words are in, the rest of the sentence not yet: they are voiced already.
     await wait_until(lambda: call.tts.spoken == ["The capital of France"])
-    call.clock.advance(0.5)
-    call.turns.on_vad(end_of(audio))
-    llm.release.set()
-    await call.play_until(lambda: bool(call.of_type("turn")))
-    await call.play_until(lambda: call.turns.state is CallState.LISTENING, 2)
+    await end_and_answer(call, llm, audio)
     # The reply took the speculation's first piece (not synthesized again) and went on.
     assert len(llm.asked) == 1
     assert call.tts.spoken == ["The capital of France", "is Paris. It is lovely."]
@@ -124,12 +130,7 @@ async def test_a_turn_that_ends_before_the_first_words_are_in_cuts_its_own() -> 
     await wait_until(lambda: len(llm.asked) == 1)
     await asyncio.sleep(0.05)
     assert call.tts.spoken == []
-    call.clock.advance(0.5)
-    call.turns.on_vad(end_of(audio))
-    await wait_until(lambda: call.turns.state is CallState.THINKING)
-    llm.release.set()
-    await call.play_until(lambda: bool(call.of_type("turn")))
-    await call.play_until(lambda: call.turns.state is CallState.LISTENING, 2)
+    await end_and_answer(call, llm, audio)
     # The reply cut and voiced the first piece; the speculation voiced nothing of its own.
     assert len(llm.asked) == 1
     assert call.tts.spoken == ["I cannot know the weather", "today, sorry."]
