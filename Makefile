@@ -17,7 +17,7 @@ TURN_MODEL := pipecat-ai==1.14.0
 # from pinned sources once per machine (rtc_server/local_llm, deploy/build-llama-server.sh).
 LOCAL_LLM := requirements-local-llm.txt requirements-llama-source.txt deploy/build-llama-server.sh
 
-.PHONY: run test test-slow install chromium firefox coturn lint lint-js clean gpu-check-kit
+.PHONY: run test test-slow install chromium firefox coturn espeak-ng lint lint-js clean gpu-check-kit
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,13 @@ coturn:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq coturn >/dev/null; \
 	  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now coturn >/dev/null 2>&1 || true; fi; }
 
+# espeak-ng from Debian: the voices `bench stt` (and its test) transcribe, which no test
+# tunes the recognizer on. A tool of the tests and benchmarks, not of the server.
+espeak-ng:
+	@command -v espeak-ng >/dev/null 2>&1 || { \
+	  echo "installing espeak-ng from Debian..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null; }
+
 lint: install lint-js
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -76,7 +83,7 @@ lint-js: node_modules/.installed
 
 # Tests run in a network namespace holding only `lo` where that is allowed (root), so no packet
 # of any call can leave 127.0.0.1; elsewhere they run as they are, still bound to 127.0.0.1.
-test: install chromium firefox coturn lint
+test: install chromium firefox coturn espeak-ng lint
 	@if [ "$$(id -u)" = 0 ] && command -v ip >/dev/null && unshare -n true 2>/dev/null; then \
 	  unshare -n sh -c 'ip link set lo up && exec $(PY) -m pytest $(PYTEST_ARGS)'; \
 	else \

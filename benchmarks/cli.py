@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import prompt_check, synthesis, turn_taking
+from benchmarks import prompt_check, stt_check, synthesis, turn_taking
 from benchmarks.report import table, write_json
 
 
@@ -611,7 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
     tt = turn_taking.add_parser(sub)
     sth = synthesis.add_parser(sub)
     pro = prompt_check.add_parser(sub)
-    for p in (sth, pro):
+    stt = stt_check.add_parser(sub)
+    for p in (sth, pro, stt):
         p.add_argument("--json", type=Path, default=None, help="write results here")
     for p in (brw, syn, lod):
         p.add_argument("--url", default=None, help="a running server (default: in-process)")
@@ -637,6 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "turn-taking": turn_taking.command,
         "synthesis": synthesis.command,
         "prompt": prompt_check.command,
+        "stt": stt_check.command,
     }[args.bench]
     settings, results = runner(args)
     if args.json is not None:

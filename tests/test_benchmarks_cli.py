@@ -312,3 +312,27 @@ def test_bench_prompt(tmp_path: Path) -> None:
     assert {k: results[k] for k in summary(answers)} == summary(answers)
     paris = next(a for a in answers if "France" in a["question"])
     assert "paris" in paris["answer"].lower(), paris
+
+
+def test_bench_stt(tmp_path: Path) -> None:
+    # Each voice's clips go through the server's recognizer; the errors are counted word by
+    # word against what was said. No accuracy or speed claim: those are the bench's figures.
+    from benchmarks.stt_check import QUESTIONS, VOICES, word_errors
+
+    assert word_errors("What is seven times eight?", "What is 7 times 8?") == (0, 5)
+    assert word_errors("What colour is the sky?", "What color is this guy") == (2, 5)
+    assert word_errors("Where is the Eiffel Tower?", "Where's the Eiffel Tower?") == (2, 5)
+    assert word_errors("a b c", "") == (3, 3)
+    out = tmp_path / "out.json"
+    assert main(["stt", "--questions", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    rows = doc["results"]["rows"]
+    assert [r["voice"] for r in rows] == list(VOICES)
+    words = sum(word_errors(q, q)[1] for q in QUESTIONS[:2])
+    for r in rows:
+        assert r["words"] == words and 0 <= r["word_errors"] <= 2 * words
+        assert r["wer_pct"] == pytest.approx(100 * r["word_errors"] / words)
+        assert r["cpu_ms_per_question"] > 0
+        assert len(r["misheard"]) <= 2
+        assert all(word_errors(m["said"], m["heard"])[0] for m in r["misheard"])

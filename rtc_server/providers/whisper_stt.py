@@ -93,12 +93,15 @@ class WhisperSTT:
         model = self._model
         padded = np.pad(audio, (0, frames * HOP - len(audio) + HOP))
         features = np.ascontiguousarray(model.feature_extractor(padded)[None, :, :frames])
-        tokenizer = Tokenizer(model.hf_tokenizer, False, task="transcribe", language="en")
+        # An English-only model's prompt is <|startoftranscript|>; a multilingual one's also
+        # names the language and the task. Then no timestamps.
+        multilingual = model.model.is_multilingual
+        tokenizer = Tokenizer(model.hf_tokenizer, multilingual, task="transcribe", language="en")
         limit = round(len(audio) / WHISPER_RATE * TOKENS_PER_S) + 12
         encoded = model.model.encode(ctranslate2.StorageView.from_array(features))
         result = model.model.generate(
             encoded,
-            [[tokenizer.sot, tokenizer.no_timestamps]],
+            [[*tokenizer.sot_sequence, tokenizer.no_timestamps]],
             beam_size=1,
             max_length=limit,
             return_no_speech_prob=True,
