@@ -107,21 +107,13 @@ async def transcribe_all(
     return heard, time.process_time() - cpu
 
 
-def _recognizers(model_dir: Path | None) -> dict[str, WhisperSTT]:
+def _recognizers(model_dir: Path | None) -> list[WhisperSTT]:
     from rtc_server.cpu_priority import blas_on_calling_thread
     from rtc_server.providers.whisper_stt import WhisperSTT
 
     blas_on_calling_thread()  # as the server: the features' last bits depend on it
-
-    out = {"whisper-tiny.en (the server's)": WhisperSTT.load()}
-    if model_dir is not None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from faster_whisper import WhisperModel
-
-        model = WhisperModel(str(model_dir), device="cpu", compute_type="int8", cpu_threads=1)
-        out[str(model_dir)] = WhisperSTT(model, ThreadPoolExecutor(1))
-    return out
+    dirs = [None] if model_dir is None else [None, model_dir]
+    return [WhisperSTT.load(model_dir=d) for d in dirs]
 
 
 async def measure(
@@ -129,14 +121,14 @@ async def measure(
 ) -> list[dict[str, Any]]:
     clips = {v: [espeak(q, v) for q in questions] for v in voices}
     rows = []
-    for name, stt in _recognizers(model_dir).items():
+    for stt in _recognizers(model_dir):
         for voice in voices:
             heard, cpu_s = await transcribe_all(stt, clips[voice])
             counts = [word_errors(q, h) for q, h in zip(questions, heard, strict=True)]
             errors, words = sum(e for e, _ in counts), sum(n for _, n in counts)
             rows.append(
                 {
-                    "model": name,
+                    "model": stt.name,
                     "voice": voice,
                     "word_errors": errors,
                     "words": words,

